@@ -1,0 +1,72 @@
+"""``bppsa.grad`` and ``bppsa.value_and_grad``: ``jax.grad`` with the scan backward chosen here."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from bppsa.scan import Method, ambient, resolve
+
+
+def value_and_grad(
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    *,
+    method: Method | str = "blelloch",
+) -> Callable[..., tuple[Any, Any]]:
+    """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
+
+    Args:
+        fun: function to differentiate; its ``bppsa.scan`` calls that do not name their own
+            method back-propagate with ``method``.
+        argnums, has_aux: as in ``jax.value_and_grad``.
+        method: backward method object or name (``"blelloch"``, ``"sequential"``);
+            ``"sequential"`` is plain back-propagation, the reference.
+
+    Returns:
+        A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
+
+    Raises:
+        ValueError: for an unknown method name (listing the valid ones).
+
+    The method is fixed when ``fun`` is traced: a ``fun`` that is itself ``jax.jit``-compiled is
+    traced once and keeps the method of its first trace; wrap the result of this function in
+    ``jax.jit`` instead.
+    """
+    method = resolve(method)
+    inner = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        with ambient(method):
+            return inner(*args, **kwargs)
+
+    return wrapped
+
+
+def grad(
+    fun: Callable,
+    argnums: int | Sequence[int] = 0,
+    has_aux: bool = False,
+    *,
+    method: Method | str = "blelloch",
+) -> Callable:
+    """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method`` (see
+    :func:`value_and_grad`).
+
+    Example:
+        >>> loss = lambda w: bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), None), 0.0, xs)[0]
+        >>> bppsa.grad(loss)(0.5) == bppsa.grad(loss, method="sequential")(0.5)
+    """
+    value_and_grad_fun = value_and_grad(fun, argnums, has_aux, method=method)
+
+    @functools.wraps(fun)
+    def wrapped(*args, **kwargs):
+        value, g = value_and_grad_fun(*args, **kwargs)
+        return (g, value[1]) if has_aux else g
+
+    return wrapped

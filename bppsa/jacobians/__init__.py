@@ -1,0 +1,6 @@
+"""Builders of transposed Jacobians (dense and structured) for the recurrent cells."""
+
+from bppsa.jacobians._capture import transposed_jacobian
+from bppsa.jacobians._cells import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
+
+__all__ = ["gru_jacobian_t", "lstm_jacobian_t", "rnn_jacobian_t", "transposed_jacobian"]

@@ -1,0 +1,118 @@
+"""Scans that back-propagate a cotangent through a chain of affine maps.
+
+Every algorithm here solves the same problem. Given the cotangent ``g_T`` of the last state and
+the elements ``e_T, ..., e_1`` with ``e_t: g_t -> g_{t-1} = A_t g_t + b_t`` (``A_t`` the transposed
+Jacobian of step ``t``, ``b_t`` the cotangent that arrives at step ``t`` from its other outputs),
+return ``[g_T, g_{T-1}, ..., g_0]``. The inputs are given in *scan order*: index 0 of ``linear``
+and ``offsets`` is the LATEST step ``e_T``.
+
+This is an inclusive scan over ``[g_T, e_T, ..., e_1]`` with the operator ``combine`` below.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+
+from bppsa.scan._elements import Linear, concat, index, matmul
+
+
+def combine(first: tuple[Linear, Array], second: tuple[Linear, Array]) -> tuple[Linear, Array]:
+    """Composes two affine elements: ``first`` is applied first.
+
+    ``first = (A_1, b_1)`` is the element LATER in time (nearer the loss), ``second = (A_2, b_2)``
+    the one EARLIER in time. Both ``A`` are transposed Jacobians, applied on the left of the
+    cotangent. The result maps ``g -> A_2 (A_1 g + b_1) + b_2``, i.e.
+    ``(A_2 @ A_1, A_2 b_1 + b_2)``. The operator is associative but not commutative.
+    """
+    (a1, b1), (a2, b2) = first, second
+    return matmul(a2, a1), a2.matvec(b1) + b2
+
+
+def apply(vector: Array, element: tuple[Linear, Array]) -> Array:
+    """Applies elements to cotangents: ``A v + b`` (the vector is the LATER operand)."""
+    a, b = element
+    return a.matvec(vector) + b
+
+
+def sequential(g_last: Array, linear: Linear, offsets: Array) -> Array:
+    """Linear reverse scan (back-propagation itself): ``len(linear)`` dependent steps.
+
+    Args:
+        g_last: ``(*batch, n)`` cotangent of the last state, ``g_T``.
+        linear: stack of ``T`` maps ``A_T, ..., A_1`` (scan order).
+        offsets: ``(T, *batch, n)`` the matching ``b_T, ..., b_1``.
+
+    Returns:
+        ``(T + 1, *batch, n)``: ``g_T, g_{T-1}, ..., g_0``.
+    """
+
+    if len(linear) == 0:
+        return g_last[None]
+
+    def step(g, k):
+        g = apply(g[None], (index(linear, k), offsets[k][None]))[0]
+        return g, g
+
+    _, rest = jax.lax.scan(step, g_last, jnp.arange(len(linear)))
+    return jnp.concatenate([g_last[None], rest], axis=0)
+
+
+def blelloch(g_last: Array, linear: Linear, offsets: Array) -> Array:
+    """BPPSA's modified Blelloch scan: ``2 ceil(log2 (T + 1))`` parallel levels.
+
+    Algorithm summary (Wang, Bai & Pekhimenko, "BPPSA: Scaling Back-propagation by Parallel Scan
+    Algorithm", MLSys 2020). The sequence is ``s = [g_T, e_T, ..., e_1]``.
+
+    * Up-sweep: at each level, adjacent pairs ``(s[2i], s[2i+1])`` are combined into one element
+      of the next level (an odd element at the end is carried up unchanged). The leftmost pair
+      holds the cotangent vector, so its result is again a vector (a matrix-vector product);
+      every other pair costs one matrix-matrix product. The aggregates of every level are kept.
+    * Down-sweep: from the top, the inclusive prefix of every position is completed. The prefix
+      of a pair's right element is the prefix of the pair one level up; the prefix of its left
+      element is the prefix of the previous pair, followed by that left element. Each prefix
+      contains ``g_T``, so it is a vector and this half does matrix-vector products only.
+
+    Keeping the vector as the leftmost element is the paper's modification: the total work is
+    about ``T`` matrix-matrix products (up-sweep) plus ``O(T)`` matrix-vector products, instead
+    of the ``~2T`` matrix-matrix products of a scan that treats the vector as one more matrix.
+    Works for any ``T``, not only powers of two. The Blelloch formulation with an exclusive scan
+    and an identity at the root gives the same prefixes; the inclusive form avoids having to
+    represent the identity in every element type.
+
+    Args and returns: as :func:`sequential`.
+    """
+    levels = []
+    v, a, b = g_last[None], linear, offsets
+    while len(a) > 0:
+        levels.append((v, a, b))
+        m = len(a)
+        pairs = (m - 1) // 2
+        v = apply(v, (a.take(0, 1), b[:1]))
+        if pairs:
+            first = (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2])
+            second = (a.take(2, 2 * pairs + 1, 2), b[2 : 2 * pairs + 1 : 2])
+            next_a, next_b = combine(first, second)
+        if (m - 1) % 2:  # an odd element at the end is carried up unchanged
+            last_a, last_b = a.take(m - 1, m), b[m - 1 :]
+            next_a = concat([next_a, last_a]) if pairs else last_a
+            next_b = jnp.concatenate([next_b, last_b], axis=0) if pairs else last_b
+        elif not pairs:
+            break
+        a, b = next_a, next_b
+
+    prefixes = v  # every level's sequence starts with a vector; at the top it is alone
+    for v, a, b in reversed(levels):
+        m = len(a)
+        pairs = (m - 1) // 2
+        # The prefix of the left element of pair i >= 1 is the prefix of pair i - 1, followed
+        # by that element: a matrix-vector product. Pair 0's left element is the vector itself.
+        left = apply(prefixes[:pairs], (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2]))
+        evens = jnp.concatenate([v, left], axis=0)
+        odds = prefixes[: pairs + 1]
+        out = jnp.stack([evens, odds], axis=1).reshape(-1, *odds.shape[1:])
+        if m % 2 == 0:  # the carried odd element's prefix is the last prefix one level up
+            out = jnp.concatenate([out, prefixes[pairs + 1 :]], axis=0)
+        prefixes = out
+    return prefixes

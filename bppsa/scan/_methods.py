@@ -1,0 +1,112 @@
+"""Backward methods: which scan turns the per-step Jacobians into cotangents.
+
+A method is an object (``Blelloch()``, ``Sequential()``); names are accepted as a convenience and
+resolved in :func:`resolve` only. :func:`bppsa.grad` sets an ambient method for the scans traced
+inside it; a method given to :func:`bppsa.scan` itself takes precedence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import ClassVar
+
+from jax import Array
+
+from bppsa.scan import _algorithms
+from bppsa.scan._elements import Linear
+
+
+class Method:
+    """Base class of backward methods.
+
+    Attributes:
+        name: the string that :func:`resolve` maps to this method's default instance.
+        uses_jacobians: False when the method is plain back-propagation through
+            ``jax.lax.scan`` (every JAX transformation then works as on ``lax.scan``).
+    """
+
+    name: ClassVar[str]
+    uses_jacobians: ClassVar[bool] = True
+
+    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+        """Returns ``[g_T, ..., g_0]`` (see :mod:`bppsa.scan._algorithms`)."""
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequential(Method):
+    """Sequential back-propagation: the reference.
+
+    By default ``bppsa.scan`` then *is* ``jax.lax.scan`` and JAX differentiates it (forward and
+    reverse mode, any order). With ``jacobians=True`` the backward instead runs the same
+    Jacobian-based pipeline as the parallel methods with a sequential scan, which separates
+    errors in the Jacobians from errors in a parallel scan.
+    """
+
+    jacobians: bool = False
+    name: ClassVar[str] = "sequential"
+
+    @property
+    def uses_jacobians(self) -> bool:  # type: ignore[override]
+        return self.jacobians
+
+    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+        return _algorithms.sequential(g_last, linear, offsets)
+
+
+@dataclasses.dataclass(frozen=True)
+class Blelloch(Method):
+    """BPPSA's modified Blelloch scan: ``Theta(log T)`` levels (MLSys 2020, Wang et al.)."""
+
+    name: ClassVar[str] = "blelloch"
+
+    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+        return _algorithms.blelloch(g_last, linear, offsets)
+
+
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Blelloch, Sequential)}
+DEFAULT = Blelloch()
+
+_ambient: contextvars.ContextVar[Method | None] = contextvars.ContextVar(
+    "bppsa_method", default=None
+)
+
+
+def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
+    """Turns a method object, a method name or ``None`` (the ambient/default) into a method.
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+        TypeError: for anything that is neither a method nor a string.
+    """
+    if method is None:
+        ambient = _ambient.get()
+        return DEFAULT if ambient is None else ambient
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, str):
+        try:
+            return METHODS[method.lower()]()
+        except KeyError:
+            valid = ", ".join(repr(name) for name in METHODS)
+            raise ValueError(
+                f"{argname}={method!r} is not a known backward method; expected one of "
+                f"{valid}, or a method object such as bppsa.Blelloch()."
+            ) from None
+    raise TypeError(
+        f"{argname} must be a method object (e.g. bppsa.Blelloch()) or one of "
+        f"{', '.join(repr(name) for name in METHODS)}; got {type(method).__name__}."
+    )
+
+
+@contextlib.contextmanager
+def ambient(method: Method | str) -> Iterator[Method]:
+    """Within the block, ``bppsa.scan`` calls without their own method use ``method``."""
+    token = _ambient.set(resolve(method))
+    try:
+        yield _ambient.get()
+    finally:
+        _ambient.reset(token)
