@@ -8,7 +8,7 @@ place), and the methods :class:`Blelloch` and :class:`Sequential`.
 # The subpackage ``bppsa.scan`` (scan algorithms) is imported first: the function ``scan``
 # below then takes its name as an attribute of ``bppsa``. ``from bppsa.scan import ...`` still
 # reaches the subpackage through ``sys.modules``.
-from bppsa import jacobians, models, scan  # noqa: F401  (import order matters, see above)
+from bppsa import jacobians, models, scan
 from bppsa._grad import grad, value_and_grad
 from bppsa._scan import scan  # noqa: F811
 from bppsa.scan import Blelloch, Method, Sequential

@@ -3,27 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bppsa import _dependence
-from bppsa._carry import Layout, is_float, zero_cotangent
-from bppsa.jacobians._capture import match, recording
-from bppsa.scan import Dense, Method, resolve
-from bppsa.scan._elements import flip, vmap_out_axes
+from bppsa import _forward_mode
+from bppsa._carry import Layout, zero_cotangent
+from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
+from bppsa.jacobians._stacked import transposed_jacobians
+from bppsa.scan import Method, resolve
+from bppsa.scan._elements import flip
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
-
-try:  # only used to turn JAX's terse forward-mode error into one that names the alternative
-    from jax._src.interpreters import ad as _ad
-    from jax._src.interpreters import batching as _batching
-except ImportError:  # pragma: no cover - a future JAX without these modules
-    _ad = _batching = None
 
 
 def scan(
@@ -79,9 +74,9 @@ def scan(
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     x_example = jax.tree.map(_unstacked, xs)
 
-    analytic = _has_analytic_jacobian(f, init, x_example)
-    step, consts = jax.closure_convert(_step_with_jacobian(f, analytic), init, x_example)
-    _refuse_forward_mode(method, (init, xs, consts))
+    analytic = has_analytic_jacobian(f, init, x_example)
+    step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
+    _forward_mode.refuse(method, (init, xs, consts))
 
     run = _differentiable_scan(step, method, num_steps, init, analytic)
     carry, ys = run(consts, init, xs)
@@ -93,7 +88,9 @@ def scan(
 def _check_like_lax_scan(f, init, xs, length, reverse):
     """Runs ``lax.scan``'s own checks (shape-only), so errors read exactly like its errors."""
     try:
-        return jax.eval_shape(lambda i, x: lax.scan(f, i, x, length=length, reverse=reverse), init, xs)
+        return jax.eval_shape(
+            lambda i, x: lax.scan(f, i, x, length=length, reverse=reverse), init, xs
+        )
     except (TypeError, ValueError) as err:
         if type(err) not in (TypeError, ValueError):
             raise
@@ -101,87 +98,13 @@ def _check_like_lax_scan(f, init, xs, length, reverse):
 
 
 def _promote_weak_types(init, carry_out):
-    """Casts weakly typed init leaves (Python scalars) to the carry's dtype, as ``lax.scan`` does."""
+    """Casts weakly typed init leaves (Python scalars) to the carry dtype, as lax.scan does."""
     return jax.tree.map(lambda x, out: jnp.asarray(x, out.dtype), init, carry_out)
 
 
 def _num_steps(xs, length) -> int:
     leaves = jax.tree.leaves(xs)
     return int(length) if length is not None else leaves[0].shape[0]
-
-
-def _has_analytic_jacobian(f, init, x_example) -> bool:
-    """Whether the body's carry map is exactly one call of a cell with an analytic Jacobian.
-
-    Traces ``f`` once while recording cell calls. A call qualifies if it maps exactly the float
-    carry leaves to the float carry leaves (object identity), if its other inputs (parameters,
-    input) do not depend on the carry, and if the shared parts of its Jacobian depend on neither
-    the carry nor ``x`` (they are built once, not per step).
-    """
-    found = []
-
-    def probe(carry, x):
-        _, _, call = _matching_call(f, carry, x)
-        if call is None:
-            return [], []
-        found.append(call)
-        element = call.build()
-        return call.other_inputs, [getattr(element, name) for name in element.shared_fields]
-
-    carry_labels = ["carry" if is_float(leaf) else None for leaf in jax.tree.leaves(init)]
-    if "carry" not in carry_labels:
-        return False
-    labels = carry_labels + ["x"] * len(jax.tree.leaves(x_example))
-    deps = _dependence.depends_on(probe, (init, x_example), labels)
-    if not found:
-        return False
-    num_other = len(found[0].other_inputs)
-    return not any(deps[:num_other]) and not any(d & {"carry", "x"} for d in deps[num_other:])
-
-
-def _matching_call(f, carry, x):
-    """Runs ``f(carry, x)``; also returns the recorded cell call that is its whole carry map."""
-    layout = Layout.of(carry, concat_last=True)
-    with recording() as calls:
-        new_carry, y = f(carry, x)
-    call = match(calls, layout.float_leaves(carry), layout.float_leaves(new_carry))
-    return new_carry, y, call
-
-
-def _step_with_jacobian(f, analytic: bool):
-    """``f`` extended to also return its step's transposed Jacobian when a cell provides one."""
-
-    def step(carry, x):
-        if not analytic:
-            return (*f(carry, x), None)
-        new_carry, y, call = _matching_call(f, carry, x)
-        return new_carry, y, call.build()
-
-    return step
-
-
-def _refuse_forward_mode(method: Method, leaves) -> None:
-    """Raises a clear error where JAX would apply forward mode to the custom VJP.
-
-    A ``jax.custom_vjp`` function has no forward-mode derivative; JAX would fail later with a
-    terse message. Batching traces re-bind the scan one level down, so they are looked through.
-    """
-    if _ad is None or not jax.config.jax_use_direct_linearize:
-        return
-    stack = [x for x in jax.tree.leaves(leaves) if isinstance(x, jax.core.Tracer)]
-    while stack:
-        tracer = stack.pop()
-        if isinstance(tracer, _batching.BatchTracer):
-            stack.append(tracer.val)
-        elif isinstance(tracer, _ad.JVPTracer):
-            if not isinstance(tracer.tangent, _ad.Zero):
-                raise TypeError(
-                    f"bppsa.scan with method={method!r} has no forward-mode derivative "
-                    "(jax.jvp, jax.jacfwd, jax.linearize): its backward pass is a custom VJP. "
-                    "Use method='sequential' (plain jax.lax.scan), which supports every "
-                    "transformation, or reverse mode (jax.grad, jax.vjp, jax.jacrev)."
-                )
-            stack.append(tracer.primal)
 
 
 def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: bool):
@@ -224,7 +147,7 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
         _, from_ys, _ = vjp((no_carry_ct, ct_ys))
 
         if any(layout.float_mask):
-            jac_t = _transposed_jacobians(step, consts, carries_before, xs, layout, analytic)
+            jac_t = transposed_jacobians(step, consts, carries_before, xs, layout, analytic)
             # Scan order is reverse time: index 0 is the last step, nearest the loss.
             g = method.scan(
                 layout.pack(ct_carry), flip(jac_t), layout.pack(from_ys, stacked=True)[::-1]
@@ -238,25 +161,6 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
 
     run.defvjp(run_fwd, run_bwd)
     return run
-
-
-def _transposed_jacobians(step, consts, carries_before, xs, layout: Layout, analytic: bool):
-    """``J_t^T`` for every step, as a stack in time order (vmapped over t)."""
-    if analytic:
-        one_step = jax.tree.map(_unstacked, (carries_before, xs))
-        example = jax.eval_shape(lambda c, x: step(c, x, *consts)[2], *one_step)
-        return jax.vmap(
-            lambda c, x: step(c, x, *consts)[2], out_axes=vmap_out_axes(example)
-        )(carries_before, xs)
-
-    def one(carry, x):
-        def carry_map(vector):
-            new_carry, _, _ = step(layout.unpack_into(vector, carry), x, *consts)
-            return layout.pack(new_carry)
-
-        return jax.jacrev(carry_map)(layout.pack(carry)).T
-
-    return Dense(jax.vmap(one)(carries_before, xs))
 
 
 def _unstacked(a):

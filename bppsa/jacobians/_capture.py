@@ -19,6 +19,8 @@ from typing import Any
 
 import jax
 
+from bppsa._carry import Layout, is_float
+from bppsa._dependence import depends_on
 from bppsa.scan import Linear
 
 
@@ -89,3 +91,54 @@ def match(calls: list[CellCall], carry_in: list[Any], carry_out: list[Any]) -> C
         if carry_in and same(call.state_in, carry_in) and same(call.state_out, carry_out):
             return call
     return None
+
+
+def has_analytic_jacobian(f, init, x_example) -> bool:
+    """Whether the body's carry map is exactly one call of a cell with an analytic Jacobian.
+
+    Traces ``f`` once while recording cell calls. A call qualifies if it maps exactly the float
+    carry leaves to the float carry leaves (object identity), if its other inputs (parameters,
+    input) do not depend on the carry, and if the shared parts of its Jacobian depend on neither
+    the carry nor ``x`` (they are built once, not per step).
+    """
+    found = []
+
+    def probe(carry, x):
+        _, _, call = matching_call(f, carry, x)
+        if call is None:
+            return [], []
+        found.append(call)
+        element = call.build()
+        return call.other_inputs, [getattr(element, name) for name in element.shared_fields]
+
+    carry_labels = ["carry" if is_float(leaf) else None for leaf in jax.tree.leaves(init)]
+    if "carry" not in carry_labels:
+        return False
+    labels = carry_labels + ["x"] * len(jax.tree.leaves(x_example))
+    deps = depends_on(probe, (init, x_example), labels)
+    if not found:
+        return False
+    num_other = len(found[0].other_inputs)
+    other, shared = deps[:num_other], deps[num_other:]
+    return not any("carry" in d for d in other) and not any(shared)
+
+
+def matching_call(f, carry, x):
+    """Runs ``f(carry, x)``; also returns the recorded cell call that is its whole carry map."""
+    layout = Layout.of(carry, concat_last=True)
+    with recording() as calls:
+        new_carry, y = f(carry, x)
+    call = match(calls, layout.float_leaves(carry), layout.float_leaves(new_carry))
+    return new_carry, y, call
+
+
+def with_jacobian(f, analytic: bool):
+    """``f`` extended to also return its step's transposed Jacobian when a cell provides one."""
+
+    def step(carry, x):
+        if not analytic:
+            return (*f(carry, x), None)
+        new_carry, y, call = matching_call(f, carry, x)
+        return new_carry, y, call.build()
+
+    return step

@@ -25,10 +25,7 @@ def rnn_jacobian_t(params: Params, h: Array, x: Array, nonlinearity: str = "tanh
     """Elman RNN: ``J^T = W_hh^T diag(act'(z))``; one ``(H, H)`` matrix shared by all steps."""
     gi, gh = _pre_activations(params, h, x)
     z = gi + gh
-    if nonlinearity == "tanh":
-        slope = 1 - jnp.tanh(z) ** 2
-    else:
-        slope = (z > 0).astype(z.dtype)
+    slope = 1 - jnp.tanh(z) ** 2 if nonlinearity == "tanh" else (z > 0).astype(z.dtype)
     return Structured(u=params["weight_hh"].T, d=slope)
 
 

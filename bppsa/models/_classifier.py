@@ -31,7 +31,7 @@ class SequenceClassifier:
     input_size: int
     hidden_size: int
     num_classes: int
-    cell: Cell = RNN()
+    cell: Cell = dataclasses.field(default_factory=RNN)
 
     def init(self, *, key: Array, dtype=jnp.float32) -> dict:
         """Cell parameters in PyTorch's layout, and a head initialized like ``nn.Linear``."""

@@ -1,0 +1,29 @@
+"""Shared fixtures: dtypes (float64 enabled only inside the tests that ask for it) and pinned
+matmul precision, so an accelerator cannot silently compute in TF32."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _highest_matmul_precision():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+@pytest.fixture(params=["float32", "float64"])
+def dtype(request):
+    """Each test that takes ``dtype`` runs in float32, and in float64 with x64 enabled."""
+    if request.param == "float64":
+        with jax.enable_x64(True):
+            yield jnp.float64
+    else:
+        yield jnp.float32
+
+
+@pytest.fixture
+def x64():
+    """Enables float64 for one test."""
+    with jax.enable_x64(True):
+        yield

@@ -1,0 +1,39 @@
+"""Method objects and their resolution from names."""
+
+import pytest
+
+import bppsa
+from bppsa.scan import METHODS, Blelloch, Sequential, ambient, resolve
+
+
+def test_names_resolve_to_method_objects():
+    assert resolve("blelloch") == Blelloch()
+    assert resolve("Sequential") == Sequential()
+    assert resolve(Sequential(jacobians=True)) == Sequential(jacobians=True)
+    assert set(METHODS) == {"blelloch", "sequential"}
+
+
+def test_default_is_blelloch_and_ambient_overrides_it():
+    assert resolve(None) == Blelloch()
+    with ambient("sequential"):
+        assert resolve(None) == Sequential()
+        assert resolve("blelloch") == Blelloch()  # an explicit method wins
+    assert resolve(None) == Blelloch()
+
+
+def test_unknown_name_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"method='fast'.*'blelloch', 'sequential'"):
+        resolve("fast")
+    with pytest.raises(ValueError, match="method='fast'"):
+        bppsa.grad(lambda x: x, method="fast")
+
+
+def test_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="method must be a method object"):
+        resolve(3)
+
+
+def test_only_sequential_default_skips_jacobians():
+    assert not Sequential().uses_jacobians
+    assert Sequential(jacobians=True).uses_jacobians
+    assert Blelloch().uses_jacobians
