@@ -67,7 +67,8 @@ class Layout:
         leaves = [jnp.asarray(x, self.dtype) for x in self.float_leaves(carry)]
         if self.concat_last:
             return jnp.concatenate(leaves, axis=-1)
-        return jnp.concatenate([x.reshape(*x.shape[:lead], -1) for x in leaves], axis=-1)
+        flat = [x.reshape(*x.shape[:lead], math.prod(x.shape[lead:])) for x in leaves]
+        return jnp.concatenate(flat, axis=-1)
 
     def _float_parts(self, vector: Array, stacked: bool) -> list[Array]:
         lead = vector.shape[:1] if stacked else ()

@@ -1,6 +1,12 @@
 """Builders of transposed Jacobians (dense and structured) for the recurrent cells."""
 
-from bppsa.jacobians._capture import transposed_jacobian
+from bppsa.jacobians._capture import has_analytic_jacobian, transposed_jacobian
 from bppsa.jacobians._cells import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
 
-__all__ = ["gru_jacobian_t", "lstm_jacobian_t", "rnn_jacobian_t", "transposed_jacobian"]
+__all__ = [
+    "gru_jacobian_t",
+    "has_analytic_jacobian",
+    "lstm_jacobian_t",
+    "rnn_jacobian_t",
+    "transposed_jacobian",
+]

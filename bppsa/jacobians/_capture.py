@@ -93,8 +93,16 @@ def match(calls: list[CellCall], carry_in: list[Any], carry_out: list[Any]) -> C
     return None
 
 
-def has_analytic_jacobian(f, init, x_example) -> bool:
-    """Whether the body's carry map is exactly one call of a cell with an analytic Jacobian.
+def has_analytic_jacobian(f: Callable, init: Any, x: Any) -> bool:
+    """Whether ``bppsa.scan(f, init, xs)`` builds its Jacobians analytically (else by autodiff).
+
+    True when the body's carry map is exactly one call of a cell with an analytic Jacobian
+    (e.g. ``lambda h, x: (rnn_cell(params, h, x), h)``).
+
+    Args:
+        f: the scan body ``f(carry, x) -> (carry, y)``.
+        init: the initial carry (arrays or ``jax.ShapeDtypeStruct``).
+        x: one step's input, i.e. ``xs`` without its leading axis (or ``None``).
 
     Traces ``f`` once while recording cell calls. A call qualifies if it maps exactly the float
     carry leaves to the float carry leaves (object identity), if its other inputs (parameters,
@@ -114,8 +122,8 @@ def has_analytic_jacobian(f, init, x_example) -> bool:
     carry_labels = ["carry" if is_float(leaf) else None for leaf in jax.tree.leaves(init)]
     if "carry" not in carry_labels:
         return False
-    labels = carry_labels + ["x"] * len(jax.tree.leaves(x_example))
-    deps = depends_on(probe, (init, x_example), labels)
+    labels = carry_labels + ["x"] * len(jax.tree.leaves(x))
+    deps = depends_on(probe, (init, x), labels)
     if not found:
         return False
     num_other = len(found[0].other_inputs)
