@@ -10,11 +10,12 @@ import numpy as np
 # Normwise, because BPPSA sums the same products in a different order than back-propagation:
 # each entry carries rounding relative to the magnitude of the whole gradient, and entries
 # that happen to be near zero would make an elementwise relative error meaningless.
-# float64: 1e-10, as the core issue asks; measured errors are ~1e-14 up to T = 1000.
-# float32: unit roundoff 6e-8 times the ~log2(T) reassociations of products of Jacobians and a
-# moderate growth with T; measured up to ~2e-6 at T = 1000 (see the closing notes), so 1e-4
-# leaves a 50x margin while still catching an ordering bug (which gives errors of ~1e-2).
-RTOL = {jnp.dtype("float64"): 1e-10, jnp.dtype("float32"): 1e-4}
+# float64: 1e-10, as the core issue asks; measured errors are ~1e-15 at T = 1000.
+# float32: BPPSA reassociates ~log2(T) levels of products of Jacobians and sums the parameter
+# cotangents of all steps in one reduction instead of one by one; measured <= 3e-7 at T = 1000
+# for RNN, GRU and LSTM (benchmarks/gradient_error.py), so 1e-5 leaves a 30x margin while an
+# ordering bug (errors of ~1e-2) still fails.
+RTOL = {jnp.dtype("float64"): 1e-10, jnp.dtype("float32"): 1e-5}
 
 
 def relative_errors(actual, expected) -> list[float]:
