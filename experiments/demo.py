@@ -47,9 +47,8 @@ def max_relative_difference(a, b):
 
 def main() -> None:
     xs, labels = bitstreams(jax.random.key(0), BATCH, LENGTH)
-    print(
-        f"bppsa {bppsa.__version__} on {jax.devices()[0].platform}: T={LENGTH}, B={BATCH}, H={HIDDEN}"
-    )
+    platform = jax.devices()[0].platform
+    print(f"bppsa {bppsa.__version__} on {platform}: T={LENGTH}, B={BATCH}, H={HIDDEN}")
     print(f"{'cell':<5} {'max rel. diff':>14} {'BP (ms)':>9} {'BPPSA (ms)':>11}")
     for name, cell in (("RNN", RNN()), ("GRU", GRU())):
         model = SequenceClassifier(1, HIDDEN, CLASSES, cell=cell)

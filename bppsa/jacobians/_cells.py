@@ -6,24 +6,18 @@ on the state (for the LSTM, ``h`` and ``c`` concatenated). Shapes: ``h: (*B, H)`
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa._gates import gru_gates, lstm_gates, pre_activations
 from bppsa.scan import Dense, Structured
 
 Params = dict[str, Array]
 
 
-def _pre_activations(params: Params, h: Array, x: Array) -> tuple[Array, Array]:
-    gi = x @ params["weight_ih"].T + params["bias_ih"]
-    gh = h @ params["weight_hh"].T + params["bias_hh"]
-    return gi, gh
-
-
 def rnn_jacobian_t(params: Params, h: Array, x: Array, nonlinearity: str = "tanh") -> Structured:
     """Elman RNN: ``J^T = W_hh^T diag(act'(z))``; one ``(H, H)`` matrix shared by all steps."""
-    gi, gh = _pre_activations(params, h, x)
+    gi, gh = pre_activations(params, h, x)
     z = gi + gh
     slope = 1 - jnp.tanh(z) ** 2 if nonlinearity == "tanh" else (z > 0).astype(z.dtype)
     return Structured(u=params["weight_hh"].T, d=slope)
@@ -38,12 +32,7 @@ def gru_jacobian_t(params: Params, h: Array, x: Array) -> Structured:
     ``a = (h - n) z (1 - z)``, ``b = (1 - z)(1 - n^2) r`` and
     ``c = (1 - z)(1 - n^2)(W_hn h + b_hn) r (1 - r)``.
     """
-    gi, gh = _pre_activations(params, h, x)
-    i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
-    h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
-    r = jax.nn.sigmoid(i_r + h_r)
-    z = jax.nn.sigmoid(i_z + h_z)
-    n = jnp.tanh(i_n + r * h_n)
+    r, z, n, h_n = gru_gates(params, h, x)
     dn = (1 - z) * (1 - n**2)
     a = (h - n) * z * (1 - z)
     b = dn * r
@@ -61,11 +50,8 @@ def lstm_jacobian_t(params: Params, state: tuple[Array, Array], x: Array) -> Den
     ``dh'/dh = diag(k) dc'/dh + diag(tanh(c') s_o) W_ho`` and ``dh'/dc = diag(k f)``.
     """
     h, c = state
-    gi, gh = _pre_activations(params, h, x)
-    pre_i, pre_f, pre_g, pre_o = jnp.split(gi + gh, 4, axis=-1)
-    i, f, o = jax.nn.sigmoid(pre_i), jax.nn.sigmoid(pre_f), jax.nn.sigmoid(pre_o)
-    g = jnp.tanh(pre_g)
-    tanh_c = jnp.tanh(f * c + i * g)
+    i, f, g, o, c_new = lstm_gates(params, state, x)
+    tanh_c = jnp.tanh(c_new)
     k = o * (1 - tanh_c**2)
     alpha_c = jnp.concatenate([g * i * (1 - i), c * f * (1 - f), i * (1 - g**2)], -1)
     alpha_o = tanh_c * o * (1 - o)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa._gates import gru_gates, lstm_gates, pre_activations
 from bppsa.jacobians import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
 from bppsa.jacobians._capture import transposed_jacobian
 
@@ -25,18 +26,12 @@ Params = dict[str, Array]
 NONLINEARITIES = ("tanh", "relu")
 
 
-def _affine(params: Params, h: Array, x: Array) -> tuple[Array, Array]:
-    gi = x @ params["weight_ih"].T + params["bias_ih"]
-    gh = h @ params["weight_hh"].T + params["bias_hh"]
-    return gi, gh
-
-
 @transposed_jacobian(rnn_jacobian_t)
 def rnn_cell(params: Params, h: Array, x: Array, nonlinearity: str = "tanh") -> Array:
     """Elman RNN: ``h' = act(W_ih x + b_ih + W_hh h + b_hh)`` with ``act`` tanh or relu."""
     if nonlinearity not in NONLINEARITIES:
         raise ValueError(f"nonlinearity must be one of {NONLINEARITIES}, got {nonlinearity!r}.")
-    gi, gh = _affine(params, h, x)
+    gi, gh = pre_activations(params, h, x)
     z = gi + gh
     return jnp.tanh(z) if nonlinearity == "tanh" else jax.nn.relu(z)
 
@@ -45,13 +40,8 @@ def rnn_cell(params: Params, h: Array, x: Array, nonlinearity: str = "tanh") -> 
 def gru_cell(params: Params, h: Array, x: Array) -> Array:
     """GRU (PyTorch's): ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``,
     ``h' = (1 - z) * n + z * h``."""
-    gi, gh = _affine(params, h, x)
-    i_r, i_z, i_n = jnp.split(gi, 3, axis=-1)
-    h_r, h_z, h_n = jnp.split(gh, 3, axis=-1)
-    r = jax.nn.sigmoid(i_r + h_r)
-    z = jax.nn.sigmoid(i_z + h_z)
-    n = jnp.tanh(i_n + r * h_n)
-    return (1 - z) * n + z * h
+    gates = gru_gates(params, h, x)
+    return (1 - gates.z) * gates.n + gates.z * h
 
 
 @transposed_jacobian(lstm_jacobian_t)
@@ -60,12 +50,8 @@ def lstm_cell(params: Params, state: tuple[Array, Array], x: Array) -> tuple[Arr
 
     ``state`` is ``(h, c)``; returns ``(h', c')``.
     """
-    h, c = state
-    gi, gh = _affine(params, h, x)
-    i, f, g, o = jnp.split(gi + gh, 4, axis=-1)
-    c_new = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-    h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
-    return h_new, c_new
+    gates = lstm_gates(params, state, x)
+    return gates.o * jnp.tanh(gates.c_new), gates.c_new
 
 
 def init_params(
