@@ -8,11 +8,12 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from bppsa import _forward_mode
 from bppsa._carry import Layout, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
-from bppsa.jacobians._stacked import transposed_jacobians
+from bppsa.jacobians._stacked import steps_with_jacobians
 from bppsa.scan import Method, resolve
 from bppsa.scan._elements import flip
 
@@ -123,35 +124,42 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
 
         return lax.scan(body, init, xs, length=num_steps)
 
+    all_steps = steps_with_jacobians(step, layout, analytic)
+
     @jax.custom_vjp
     def run(consts, init, xs):
         return forward(consts, init, xs, keep_carries=False)
 
     def run_fwd(consts, init, xs):
+        consts, init, xs = jax.tree.map(lambda p: p.value, (consts, init, xs))
         carry, (ys, carries_before) = forward(consts, init, xs, keep_carries=True)
         return (carry, ys), (consts, xs, carries_before)
 
     def run_bwd(residuals, cotangents):
         consts, xs, carries_before = residuals
         ct_carry, ct_ys = cotangents
-
-        def carry_and_y(consts, carry, x):
-            new_carry, y, _ = step(carry, x, *consts)
-            return new_carry, y
-
-        # One VJP of the body, vmapped over all steps (parallel in t); consts are shared, so
-        # their cotangents come out summed over t.
-        all_steps = jax.vmap(carry_and_y, in_axes=(None, 0, 0), axis_size=num_steps)
-        (carries_after, _), vjp = jax.vjp(all_steps, consts, carries_before, xs)
+        # One evaluation of all steps at once (parallel in t) gives their VJP and Jacobians;
+        # consts are shared by the steps, so their cotangents come out summed over t.
+        (carries_after, ys), vjp, jac_t = jax.vjp(
+            all_steps, consts, carries_before, xs, has_aux=True
+        )
         no_carry_ct = jax.tree.map(zero_cotangent, carries_after)
-        _, from_ys, _ = vjp((no_carry_ct, ct_ys))
+        if all(isinstance(ct, SymbolicZero) for ct in jax.tree.leaves(ct_ys)):
+            ct_ys = jax.tree.map(zero_cotangent, ys)
+            from_ys = None  # only the final carry receives a cotangent
+        else:
+            ct_ys = _instantiate_tree(ct_ys, ys)
+            _, from_ys, _ = vjp((no_carry_ct, ct_ys))
 
         if any(layout.float_mask):
-            jac_t = transposed_jacobians(step, consts, carries_before, xs, layout, analytic)
+            g_last = layout.pack(_instantiate_tree(ct_carry, init))
+            offsets = (
+                jnp.zeros((num_steps, *g_last.shape), g_last.dtype)
+                if from_ys is None
+                else layout.pack(from_ys, stacked=True)
+            )
             # Scan order is reverse time: index 0 is the last step, nearest the loss.
-            g = method.scan(
-                layout.pack(ct_carry), flip(jac_t), layout.pack(from_ys, stacked=True)[::-1]
-            )[::-1]
+            g = method.scan(g_last, flip(jac_t), offsets[::-1])[::-1]
             ct_init = layout.unpack(g[0], init)
             ct_after = layout.unpack(g[1:], carries_before, stacked=True)
         else:  # nothing in the carry is differentiable
@@ -159,9 +167,18 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
         ct_consts, _, ct_xs = vjp((ct_after, ct_ys))
         return ct_consts, ct_init, ct_xs
 
-    run.defvjp(run_fwd, run_bwd)
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
     return run
 
 
 def _unstacked(a):
     return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+
+
+def _instantiate(ct, like):
+    """A real array for a symbolic-zero cotangent (``float0`` for integer leaves)."""
+    return zero_cotangent(like) if isinstance(ct, SymbolicZero) else ct
+
+
+def _instantiate_tree(cts, like):
+    return jax.tree.map(_instantiate, cts, like, is_leaf=lambda x: isinstance(x, SymbolicZero))

@@ -8,7 +8,13 @@ from bppsa.models import GRU, LSTM, RNN
 from tests.helpers import assert_trees_close, cell_loss, cell_problem
 
 CELLS = {"rnn": RNN(), "rnn_relu": RNN("relu"), "gru": GRU(), "lstm": LSTM()}
-METHODS = ["blelloch", bppsa.Sequential(jacobians=True), "sequential"]
+METHODS = [
+    "blelloch",
+    bppsa.Chunked(),
+    bppsa.Chunked(4),
+    bppsa.Sequential(jacobians=True),
+    "sequential",
+]
 
 
 def check_cell(cell, method, length, batch, hidden, dtype, where):
@@ -40,6 +46,13 @@ def test_cells_match_back_propagation(cell, length, where, dtype):
     check_cell(CELLS[cell], "blelloch", length, 16, 20, dtype, where)
 
 
+@pytest.mark.parametrize("length,where", [(1, "last"), (17, "every"), (100, "last")])
+@pytest.mark.parametrize("method", [bppsa.Chunked(), bppsa.Chunked(1), bppsa.Chunked(7)], ids=str)
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_chunked_matches_back_propagation(cell, method, length, where, dtype):
+    check_cell(CELLS[cell], method, length, 16, 20, dtype, where)
+
+
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_sequential_scan_of_jacobians(cell, dtype):
     check_cell(CELLS[cell], bppsa.Sequential(jacobians=True), 17, 16, 20, dtype, "every")
@@ -51,9 +64,10 @@ def test_hidden_and_batch_sizes(cell, hidden, batch, dtype):
     check_cell(CELLS[cell], "blelloch", 17, batch, hidden, dtype, "every")
 
 
+@pytest.mark.parametrize("method", ["blelloch", "chunked"])
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
-def test_long_sequences(cell, dtype):
-    check_cell(CELLS[cell], "blelloch", 1000, 16, 20, dtype, "last")
+def test_long_sequences(cell, method, dtype):
+    check_cell(CELLS[cell], method, 1000, 16, 20, dtype, "last")
 
 
 def test_plain_sequential_is_lax_scan(dtype):

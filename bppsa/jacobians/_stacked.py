@@ -1,6 +1,9 @@
-"""The transposed Jacobians of every step of a scan, built in parallel over the steps."""
+"""Every step of a scan with its transposed Jacobian, built in parallel over the steps."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -9,24 +12,33 @@ from bppsa.scan import Dense
 from bppsa.scan._elements import vmap_out_axes
 
 
-def transposed_jacobians(step, consts, carries_before, xs, layout: Layout, analytic: bool):
-    """``J_t^T`` for every step, as a stack in time order (vmapped over t)."""
-    if analytic:
-        one_step = jax.tree.map(_unstacked, (carries_before, xs))
-        example = jax.eval_shape(lambda c, x: step(c, x, *consts)[2], *one_step)
-        return jax.vmap(lambda c, x: step(c, x, *consts)[2], out_axes=vmap_out_axes(example))(
-            carries_before, xs
-        )
+def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Callable:
+    """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
-    def one(carry, x):
-        def carry_map(vector):
-            new_carry, _, _ = step(layout.unpack_into(vector, carry), x, *consts)
-            return layout.pack(new_carry)
+    ``step(carry, x, *consts) -> (carry, y, analytic_jac_t | None)`` is one step. ``jac_t`` is
+    the stack (time order) of transposed Jacobians ``(d carry_t / d carry_{t-1})^T``: the
+    step's analytic element, or a ``Dense`` one from ``jax.jacrev`` on the packed carry. The
+    result is meant for ``jax.vjp(..., has_aux=True)``, so the Jacobians come from the same
+    evaluation of the steps as the VJP.
+    """
 
-        return jax.jacrev(carry_map)(layout.pack(carry)).T
+    def one(consts, carry, x):
+        new_carry, y, jac_t = step(carry, x, *consts)
+        if not analytic:
 
-    return Dense(jax.vmap(one)(carries_before, xs))
+            def carry_map(vector):
+                return layout.pack(step(layout.unpack_into(vector, carry), x, *consts)[0])
+
+            jac_t = Dense(jax.jacrev(carry_map)(layout.pack(carry)).T)
+        return (new_carry, y), jac_t
+
+    def all_steps(consts, carries_before, xs):
+        example = jax.eval_shape(one, consts, *jax.tree.map(_unstacked, (carries_before, xs)))
+        out_axes = ((0, 0), vmap_out_axes(example[1]))
+        return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries_before, xs)
+
+    return all_steps
 
 
-def _unstacked(a):
+def _unstacked(a: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)

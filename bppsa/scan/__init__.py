@@ -1,12 +1,14 @@
 """Scan algorithms over stacks of (transposed-Jacobian) linear maps; nothing here knows RNNs."""
 
 from bppsa.scan._algorithms import blelloch, combine, sequential
+from bppsa.scan._chunked import chunked
 from bppsa.scan._elements import Dense, Linear, Structured
-from bppsa.scan._methods import METHODS, Blelloch, Method, Sequential, ambient, resolve
+from bppsa.scan._methods import METHODS, Blelloch, Chunked, Method, Sequential, ambient, resolve
 
 __all__ = [
     "METHODS",
     "Blelloch",
+    "Chunked",
     "Dense",
     "Linear",
     "Method",
@@ -14,6 +16,7 @@ __all__ = [
     "Structured",
     "ambient",
     "blelloch",
+    "chunked",
     "combine",
     "resolve",
     "sequential",

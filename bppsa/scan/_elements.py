@@ -31,6 +31,14 @@ class Linear(Protocol):
         """Applies map ``k`` to ``v[k]``; ``v: (m, *batch, n) -> (m, *batch, n)``."""
         ...
 
+    def rmatmat(self, y: Array) -> Array:
+        """``y[k] @ A_k^T``: map ``k`` applied to the ROWS of ``y[k]``; ``y: (m, *batch, c, n)``.
+
+        Rows rather than columns, so that every stacked and batch dim folds into the rows of a
+        single matrix product with the shared weights, without transposes.
+        """
+        ...
+
     def to_dense(self) -> Dense:
         """The same maps as explicit matrices."""
         ...
@@ -40,10 +48,10 @@ class Linear(Protocol):
         ...
 
 
-def _stacked_map(obj, fn):
-    """Applies ``fn`` to the fields of ``obj`` that carry the stack axis."""
-    changes = {name: fn(getattr(obj, name)) for name in obj.stacked_fields}
-    changes = {k: v for k, v in changes.items() if v is not None}
+def map_stacked(obj, fn):
+    """Applies ``fn`` to the (non-``None``) fields of ``obj`` that carry the stack axis."""
+    changes = {name: getattr(obj, name) for name in obj.stacked_fields}
+    changes = {k: fn(v) for k, v in changes.items() if v is not None}
     return dataclasses.replace(obj, **changes)
 
 
@@ -66,6 +74,9 @@ class Dense:
 
     def matvec(self, v: Array) -> Array:
         return jnp.einsum("...ij,...j->...i", self.a, v)
+
+    def rmatmat(self, y: Array) -> Array:
+        return y @ jnp.swapaxes(self.a, -1, -2)
 
     def to_dense(self) -> Dense:
         return self
@@ -110,6 +121,14 @@ class Structured:
             out = out + self.e * v
         return out
 
+    def rmatmat(self, y: Array) -> Array:
+        # y A^T = (tile(y) * d) u^T + y * e: ONE (m*batch*c, p) @ (p, n) product.
+        tiled = jnp.concatenate([y] * self.reps, axis=-1) if self.reps > 1 else y
+        out = (tiled * self.d[..., None, :]) @ self.u.T
+        if self.e is not None:
+            out = out + y * self.e[..., None, :]
+        return out
+
     def to_dense(self) -> Dense:
         n = self.u.shape[0]
         # (u * d) has shape (m, *batch, n, p); summing the reps blocks of p applies R.
@@ -120,7 +139,7 @@ class Structured:
         return Dense(a)
 
     def take(self, start: int, stop: int, step: int = 1) -> Structured:
-        return _stacked_map(self, lambda x: None if x is None else x[start:stop:step])
+        return map_stacked(self, lambda x: x[start:stop:step])
 
 
 def matmul(second: Linear, first: Linear) -> Dense:
@@ -137,14 +156,12 @@ def concat(parts: list[Linear]) -> Linear:
 
 def index(elems: Linear, i: Array) -> Linear:
     """Map ``i`` of the stack (a traced index is fine), as a stack of length one."""
-    return _stacked_map(
-        elems, lambda x: None if x is None else jax.lax.dynamic_slice_in_dim(x, i, 1)
-    )
+    return map_stacked(elems, lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1))
 
 
 def flip(elems: Linear) -> Linear:
     """The stack in reverse order."""
-    return _stacked_map(elems, lambda x: None if x is None else x[::-1])
+    return map_stacked(elems, lambda x: x[::-1])
 
 
 def vmap_out_axes(elems: Linear):

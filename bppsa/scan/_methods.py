@@ -16,6 +16,7 @@ from typing import ClassVar
 from jax import Array
 
 from bppsa.scan import _algorithms
+from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._elements import Linear
 
 
@@ -67,7 +68,28 @@ class Blelloch(Method):
         return _algorithms.blelloch(g_last, linear, offsets)
 
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Blelloch, Sequential)}
+@dataclasses.dataclass(frozen=True)
+class Chunked(Method):
+    """Sequential inside ``chunks`` chunks, parallel across them, Blelloch between them.
+
+    ``2 T / chunks + O(log chunks)`` dependent steps, each a large product (see
+    :func:`bppsa.scan._chunked.chunked`): the paper's heterogeneous Blelloch scan for fewer
+    workers than elements. ``chunks=None`` picks about ``sqrt(T / 2)``.
+    """
+
+    chunks: int | None = None
+    name: ClassVar[str] = "chunked"
+
+    def __post_init__(self):
+        if self.chunks is not None and (not isinstance(self.chunks, int) or self.chunks < 1):
+            raise ValueError(f"chunks must be a positive int or None, got {self.chunks!r}.")
+
+    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+        chunks = default_chunks(len(linear)) if self.chunks is None else self.chunks
+        return chunked(g_last, linear, offsets, chunks)
+
+
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Blelloch, Chunked, Sequential)}
 DEFAULT = Blelloch()
 
 _ambient: contextvars.ContextVar[Method | None] = contextvars.ContextVar(

@@ -1,15 +1,18 @@
 """The scan algorithms on random non-commuting matrices, against a plain Python loop."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa.scan import Dense, Structured, blelloch, combine, sequential
+from bppsa.scan import Dense, Structured, blelloch, chunked, combine, sequential
 from tests.helpers import assert_trees_close
 
 LENGTHS = [0, 1, 2, 3, 4, 5, 8, 17, 100]
-ALGORITHMS = [blelloch, sequential]
+ALGORITHMS = [blelloch, sequential, functools.partial(chunked, chunks=3)]
+MORE_CHUNKS = [functools.partial(chunked, chunks=c) for c in (1, 2, 16)]
 
 
 def python_loop(g_last, a, b):
@@ -29,10 +32,21 @@ def random_problem(length, batch, n, dtype, seed=0):
     return (np.asarray(x, dtype) for x in (g, a, b))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: getattr(a, "__name__", str(a)))
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("batch", [(), (3,)])
 def test_dense_matches_python_loop(algorithm, length, batch, dtype):
+    check_dense(algorithm, length, batch, dtype)
+
+
+@pytest.mark.parametrize("algorithm", MORE_CHUNKS, ids=lambda a: f"chunks={a.keywords['chunks']}")
+@pytest.mark.parametrize("length", [1, 2, 16, 17, 100])
+def test_chunk_counts(algorithm, length, dtype):
+    """Chunk counts that divide T, that do not, and more chunks than steps."""
+    check_dense(algorithm, length, (2,), dtype)
+
+
+def check_dense(algorithm, length, batch, dtype):
     g, a, b = random_problem(length, batch, 4, dtype)
     out = algorithm(jnp.asarray(g), Dense(jnp.asarray(a)), jnp.asarray(b))
     assert out.shape == (length + 1, *batch, 4)
@@ -40,7 +54,7 @@ def test_dense_matches_python_loop(algorithm, length, batch, dtype):
     assert_trees_close(out, python_loop(g, a, b).astype(dtype), dtype)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: getattr(a, "__name__", str(a)))
 @pytest.mark.parametrize("length", [1, 5, 17])
 @pytest.mark.parametrize("reps,diagonal", [(1, False), (3, True)])
 def test_structured_matches_python_loop(algorithm, length, reps, diagonal, x64):

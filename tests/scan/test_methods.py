@@ -3,14 +3,15 @@
 import pytest
 
 import bppsa
-from bppsa.scan import METHODS, Blelloch, Sequential, ambient, resolve
+from bppsa.scan import METHODS, Blelloch, Chunked, Sequential, ambient, resolve
 
 
 def test_names_resolve_to_method_objects():
     assert resolve("blelloch") == Blelloch()
     assert resolve("Sequential") == Sequential()
     assert resolve(Sequential(jacobians=True)) == Sequential(jacobians=True)
-    assert set(METHODS) == {"blelloch", "sequential"}
+    assert resolve("chunked") == Chunked()
+    assert set(METHODS) == {"blelloch", "chunked", "sequential"}
 
 
 def test_default_is_blelloch_and_ambient_overrides_it():
@@ -22,7 +23,7 @@ def test_default_is_blelloch_and_ambient_overrides_it():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"method='fast'.*'blelloch', 'sequential'"):
+    with pytest.raises(ValueError, match=r"method='fast'.*'blelloch', 'chunked', 'sequential'"):
         resolve("fast")
     with pytest.raises(ValueError, match="method='fast'"):
         bppsa.grad(lambda x: x, method="fast")
@@ -37,3 +38,9 @@ def test_only_sequential_default_skips_jacobians():
     assert not Sequential().uses_jacobians
     assert Sequential(jacobians=True).uses_jacobians
     assert Blelloch().uses_jacobians
+
+
+@pytest.mark.parametrize("chunks", [0, -2, 2.5, "4"])
+def test_chunk_counts_are_checked(chunks):
+    with pytest.raises(ValueError, match="chunks must be a positive int"):
+        Chunked(chunks)

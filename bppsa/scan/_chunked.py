@@ -1,0 +1,110 @@
+"""A chunked scan: sequential inside chunks, parallel across them, a Blelloch scan between."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+from jax import Array, lax
+
+from bppsa.scan._algorithms import blelloch
+from bppsa.scan._elements import Dense, Linear, map_stacked
+
+
+def default_chunks(length: int) -> int:
+    """About ``sqrt(length / 2)`` chunks: balances the ``2 L`` sequential steps inside chunks
+    against the ``C`` chunk aggregates (and keeps their ``C n^2`` memory small)."""
+    return max(1, min(length, round(math.sqrt(length / 2))))
+
+
+def chunked(g_last: Array, linear: Linear, offsets: Array, chunks: int) -> Array:
+    """Scan of :func:`bppsa.scan._algorithms.sequential`'s problem in ``2 L + O(log C)`` steps.
+
+    Algorithm summary (a form of the "heterogeneous" Blelloch scan of Wang, Bai & Pekhimenko,
+    MLSys 2020, for fewer workers than elements). The ``T`` elements, in scan order, are split
+    into ``C`` chunks of ``L = ceil(T / C)`` (the last one padded, its padding masked).
+
+    1. Inside every chunk at once, ``L`` sequential steps compose the chunk's elements into one
+       affine map ``g -> M g + o``, kept transposed as ``Y = [M^T; o^T]`` (``(n + 1) x n``):
+       ``Y <- Y A^T + [0; b^T]``. Chunk 0 holds the cotangent ``g_T``, so it propagates just
+       that vector (the BPPSA modification: no matrix products where the vector is known) and
+       its prefixes are final. For the structured Jacobians of the cells each step is ONE
+       product of all chunks' rows with the shared weight.
+    2. The chunk aggregates are scanned with :func:`blelloch`: every chunk's start vector.
+    3. Inside chunks 1..C-1 at once, ``L`` sequential matrix-vector steps from their start
+       vectors give every prefix.
+
+    Work: about ``(T - L) n^2 (n + 1)`` multiply-adds, in ``2 L`` large products instead of
+    ``T`` small ones. ``C = 1`` is a sequential scan of matrix-vector products.
+
+    Args:
+        g_last, linear, offsets: as :func:`bppsa.scan._algorithms.sequential`.
+        chunks: ``C``; clipped to ``[1, T]``.
+
+    Returns:
+        ``(T + 1, *batch, n)``: ``g_T, g_{T-1}, ..., g_0``.
+    """
+    length = len(linear)
+    if length == 0:
+        return g_last[None]
+    per_chunk = -(-length // max(1, min(chunks, length)))
+    chunks = -(-length // per_chunk)  # no empty chunk
+    padded = chunks * per_chunk
+
+    def by_step(x):  # (T, ...) -> (L, C, ...): step j of every chunk is one contiguous slice
+        x = jnp.pad(x, [(0, padded - length)] + [(0, 0)] * (x.ndim - 1))
+        return jnp.swapaxes(x.reshape(chunks, per_chunk, *x.shape[1:]), 0, 1)
+
+    elements = map_stacked(linear, by_step)
+    steps = (
+        {name: getattr(elements, name) for name in elements.stacked_fields},
+        by_step(offsets),
+        by_step(jnp.arange(length) >= 0),  # False on the padding
+    )
+
+    def unpack(step):
+        fields, offset, valid = step
+        fields = {k: v for k, v in fields.items() if v is not None}
+        return dataclasses.replace(elements, **fields), offset, valid
+
+    # 1. Chunk 0 propagates the vector itself (every prefix of it comes out); the other chunks
+    #    compose their aggregates Y = [M^T; o^T], starting from [I; 0].
+    n = g_last.shape[-1]
+    identity = jnp.eye(n + 1, n, dtype=g_last.dtype)
+    start = (g_last, jnp.broadcast_to(identity, (chunks - 1, *g_last.shape[:-1], n + 1, n)))
+
+    def compose(carry, step):
+        v, y = carry
+        element, offset, valid = unpack(step)
+        head = map_stacked(element, lambda x: x[:1])
+        v = jnp.where(valid[0], head.matvec(v[None])[0] + offset[0], v)
+        if chunks > 1:
+            tail = map_stacked(element, lambda x: x[1:])
+            new = tail.rmatmat(y).at[..., -1, :].add(offset[1:])
+            y = jnp.where(_expand(valid[1:], new.ndim), new, y)
+        return (v, y), v
+
+    (after_first, aggregates), first = lax.scan(compose, start, steps)
+    if chunks == 1:
+        return jnp.concatenate([g_last[None], first[:length]])
+
+    # 2. Start vectors of chunks 1..C-1: a Blelloch scan over their aggregates.
+    matrices = Dense(jnp.swapaxes(aggregates[..., :-1, :], -1, -2))
+    starts = blelloch(after_first, matrices, aggregates[..., -1, :])[:-1]
+
+    # 3. Every prefix of chunks 1..C-1, from their start vectors.
+    def propagate(v, step):
+        element, offset, valid = unpack(step)
+        tail = map_stacked(element, lambda x: x[1:])
+        v = jnp.where(_expand(valid[1:], v.ndim), tail.matvec(v) + offset[1:], v)
+        return v, v
+
+    _, rest = lax.scan(propagate, starts, steps)  # (L, C - 1, *batch, n)
+    prefixes = jnp.concatenate([first[:, None], rest], axis=1)
+    prefixes = jnp.swapaxes(prefixes, 0, 1).reshape(padded, *g_last.shape)[:length]
+    return jnp.concatenate([g_last[None], prefixes])
+
+
+def _expand(mask: Array, ndim: int) -> Array:
+    return mask.reshape(*mask.shape, *([1] * (ndim - mask.ndim)))
