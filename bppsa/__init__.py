@@ -11,11 +11,12 @@ place), and the methods :class:`Blelloch` and :class:`Sequential`.
 from bppsa import jacobians, models, scan
 from bppsa._grad import grad, value_and_grad
 from bppsa._scan import scan  # noqa: F811
-from bppsa.scan import Blelloch, Chunked, Method, Sequential
+from bppsa.scan import Auto, Blelloch, Chunked, Method, Sequential
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Auto",
     "Blelloch",
     "Chunked",
     "Method",

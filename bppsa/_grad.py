@@ -16,7 +16,7 @@ def value_and_grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str = "blelloch",
+    method: Method | str = "auto",
 ) -> Callable[..., tuple[Any, Any]]:
     """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
 
@@ -24,8 +24,9 @@ def value_and_grad(
         fun: function to differentiate; its ``bppsa.scan`` calls that do not name their own
             method back-propagate with ``method``.
         argnums, has_aux: as in ``jax.value_and_grad``.
-        method: backward method object or name (``"blelloch"``, ``"sequential"``);
-            ``"sequential"`` is plain back-propagation, the reference.
+        method: backward method object or name (``"auto"``, ``"blelloch"``, ``"chunked"``,
+            ``"sequential"``); ``"sequential"`` is plain back-propagation, the reference;
+            ``"auto"`` picks per backend (see :class:`bppsa.Auto`).
 
     Returns:
         A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
@@ -53,7 +54,7 @@ def grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str = "blelloch",
+    method: Method | str = "auto",
 ) -> Callable:
     """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method`` (see
     :func:`value_and_grad`).

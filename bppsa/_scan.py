@@ -15,7 +15,6 @@ from bppsa._carry import Layout, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
 from bppsa.jacobians._stacked import steps_with_jacobians
 from bppsa.scan import Method, resolve
-from bppsa.scan._elements import flip
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -48,7 +47,7 @@ def scan(
         length: number of steps; must agree with ``xs``.
         reverse: scan from the end of ``xs`` to its start, as in ``lax.scan``.
         method: backward method, e.g. ``bppsa.Blelloch()`` or ``"sequential"``. ``None`` uses
-            the method of the enclosing :func:`bppsa.grad`, else ``Blelloch()``.
+            the method of the enclosing :func:`bppsa.grad`, else ``bppsa.Auto()``.
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
@@ -140,31 +139,34 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
         ct_carry, ct_ys = cotangents
         # One evaluation of all steps at once (parallel in t) gives their VJP and Jacobians;
         # consts are shared by the steps, so their cotangents come out summed over t.
-        (carries_after, ys), vjp, jac_t = jax.vjp(
-            all_steps, consts, carries_before, xs, has_aux=True
-        )
-        no_carry_ct = jax.tree.map(zero_cotangent, carries_after)
         if all(isinstance(ct, SymbolicZero) for ct in jax.tree.leaves(ct_ys)):
+            # Only the final carry receives a cotangent: no VJP w.r.t. the carries is needed.
+            (carries_after, ys), vjp, jac_t = jax.vjp(
+                lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
+            )
             ct_ys = jax.tree.map(zero_cotangent, ys)
-            from_ys = None  # only the final carry receives a cotangent
+            offsets = None
         else:
+            (carries_after, ys), vjp_all, jac_t = jax.vjp(
+                all_steps, consts, carries_before, xs, has_aux=True
+            )
             ct_ys = _instantiate_tree(ct_ys, ys)
-            _, from_ys, _ = vjp((no_carry_ct, ct_ys))
+            _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
+            offsets = layout.pack(from_ys, stacked=True) if any(layout.float_mask) else None
+
+            def vjp(cts):
+                ct_consts, _, ct_xs = vjp_all(cts)
+                return ct_consts, ct_xs
 
         if any(layout.float_mask):
             g_last = layout.pack(_instantiate_tree(ct_carry, init))
-            offsets = (
-                jnp.zeros((num_steps, *g_last.shape), g_last.dtype)
-                if from_ys is None
-                else layout.pack(from_ys, stacked=True)
-            )
-            # Scan order is reverse time: index 0 is the last step, nearest the loss.
-            g = method.scan(g_last, flip(jac_t), offsets[::-1])[::-1]
+            g = method.scan(g_last, jac_t, offsets)  # [g_0, ..., g_T]
             ct_init = layout.unpack(g[0], init)
             ct_after = layout.unpack(g[1:], carries_before, stacked=True)
         else:  # nothing in the carry is differentiable
-            ct_init, ct_after = layout.zeros(init), no_carry_ct
-        ct_consts, _, ct_xs = vjp((ct_after, ct_ys))
+            ct_init = layout.zeros(init)
+            ct_after = jax.tree.map(zero_cotangent, carries_after)
+        ct_consts, ct_xs = vjp((ct_after, ct_ys))
         return ct_consts, ct_init, ct_xs
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)

@@ -12,6 +12,7 @@ from bppsa.models import rnn_cell
 from tests.helpers import assert_trees_close
 
 H, I, T = 6, 3, 11
+METHOD = "blelloch"  # the parallel scan: the path with the most to get wrong
 
 
 @pytest.fixture
@@ -28,7 +29,8 @@ def problem(dtype):
 def both(loss, *args, argnums=0):
     """Gradients through bppsa.scan (Blelloch) and through lax.scan (jitted: eager dispatch of
     every small operation of the backward pass would dominate the test time)."""
-    actual = jax.jit(bppsa.grad(functools.partial(loss, bppsa.scan), argnums=argnums))(*args)
+    grad = bppsa.grad(functools.partial(loss, bppsa.scan), argnums=argnums, method=METHOD)
+    actual = jax.jit(grad)(*args)
     expected = jax.jit(jax.grad(functools.partial(loss, jax.lax.scan), argnums=argnums))(*args)
     return actual, expected
 
@@ -175,7 +177,8 @@ def test_grad_of_grad(problem):
     def second(scan, grad):
         return lambda p: jnp.sum(grad(functools.partial(loss, scan))(p)["w"] ** 2)
 
-    actual = jax.jit(jax.grad(second(bppsa.scan, bppsa.grad)))(params)
+    blelloch_grad = functools.partial(bppsa.grad, method=METHOD)
+    actual = jax.jit(jax.grad(second(bppsa.scan, blelloch_grad)))(params)
     expected = jax.jit(jax.grad(second(jax.lax.scan, jax.grad)))(params)
     assert_trees_close(actual, expected, dtype)
     hess = jax.jit(jax.hessian(lambda w: loss(bppsa.scan, {**params, "w": w})))(params["w"])
@@ -234,7 +237,7 @@ def test_grad_api_matches_jax(problem):
         )
         return scale * (h**2).sum(), h
 
-    for method in ("blelloch", bppsa.Blelloch(), "sequential"):
+    for method in ("auto", "blelloch", bppsa.Chunked(3), "sequential"):
         (value, aux), grads = bppsa.value_and_grad(loss, (0, 1), has_aux=True, method=method)(
             params, xs, 2.0
         )
@@ -262,7 +265,9 @@ def test_scan_method_argument_beats_the_grad_method(monkeypatch, problem):
     assert used == []
     bppsa.grad(functools.partial(loss, method="blelloch"), method="sequential")(params)
     assert used == [1]
-    bppsa.grad(loss)(params)
+    bppsa.grad(loss, method="blelloch")(params)
+    assert used == [1, 1]
+    bppsa.grad(loss)(params)  # the default (Auto) picks the sequential scan on CPU
     assert used == [1, 1]
 
 

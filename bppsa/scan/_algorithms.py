@@ -1,10 +1,11 @@
 """Scans that back-propagate a cotangent through a chain of affine maps.
 
 Every algorithm here solves the same problem. Given the cotangent ``g_T`` of the last state and
-the elements ``e_T, ..., e_1`` with ``e_t: g_t -> g_{t-1} = A_t g_t + b_t`` (``A_t`` the transposed
+the elements ``e_1, ..., e_T`` with ``e_t: g_t -> g_{t-1} = A_t g_t + b_t`` (``A_t`` the transposed
 Jacobian of step ``t``, ``b_t`` the cotangent that arrives at step ``t`` from its other outputs),
-return ``[g_T, g_{T-1}, ..., g_0]``. The inputs are given in *scan order*: index 0 of ``linear``
-and ``offsets`` is the LATEST step ``e_T``.
+return ``[g_0, g_1, ..., g_T]``. Inputs and outputs are in TIME order (index ``t - 1`` of
+``linear`` and ``offsets`` is step ``t``); the scan itself runs from the end, from ``g_T``.
+``offsets=None`` means no ``b_t`` (a loss on the last state only).
 
 This is an inclusive scan over ``[g_T, e_T, ..., e_1]`` with the operator ``combine`` below.
 """
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.scan._elements import Linear, concat, index, matmul
+from bppsa.scan._elements import Linear, concat, flip, index, matmul
 
 
 def combine(first: tuple[Linear, Array], second: tuple[Linear, Array]) -> tuple[Linear, Array]:
@@ -36,30 +37,31 @@ def apply(vector: Array, element: tuple[Linear, Array]) -> Array:
     return a.matvec(vector) + b
 
 
-def sequential(g_last: Array, linear: Linear, offsets: Array) -> Array:
+def sequential(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
     """Linear reverse scan (back-propagation itself): ``len(linear)`` dependent steps.
 
     Args:
         g_last: ``(*batch, n)`` cotangent of the last state, ``g_T``.
-        linear: stack of ``T`` maps ``A_T, ..., A_1`` (scan order).
-        offsets: ``(T, *batch, n)`` the matching ``b_T, ..., b_1``.
+        linear: stack of the ``T`` maps ``A_1, ..., A_T`` (time order).
+        offsets: ``(T, *batch, n)`` the matching ``b_1, ..., b_T``, or ``None``.
 
     Returns:
-        ``(T + 1, *batch, n)``: ``g_T, g_{T-1}, ..., g_0``.
+        ``(T + 1, *batch, n)``: ``g_0, g_1, ..., g_T``.
     """
-
     if len(linear) == 0:
         return g_last[None]
 
     def step(g, k):
-        g = apply(g[None], (index(linear, k), offsets[k][None]))[0]
+        g = index(linear, k).matvec(g[None])[0]
+        if offsets is not None:
+            g = g + offsets[k]
         return g, g
 
-    _, rest = jax.lax.scan(step, g_last, jnp.arange(len(linear)))
-    return jnp.concatenate([g_last[None], rest], axis=0)
+    _, rest = jax.lax.scan(step, g_last, jnp.arange(len(linear)), reverse=True)
+    return jnp.concatenate([rest, g_last[None]], axis=0)
 
 
-def blelloch(g_last: Array, linear: Linear, offsets: Array) -> Array:
+def blelloch(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
     """BPPSA's modified Blelloch scan: ``2 ceil(log2 (T + 1))`` parallel levels.
 
     Algorithm summary (Wang, Bai & Pekhimenko, "BPPSA: Scaling Back-propagation by Parallel Scan
@@ -83,6 +85,14 @@ def blelloch(g_last: Array, linear: Linear, offsets: Array) -> Array:
 
     Args and returns: as :func:`sequential`.
     """
+    if offsets is None:
+        offsets = jnp.zeros((len(linear), *g_last.shape), g_last.dtype)
+    # The sweeps below index the sequence in scan order: the latest step first.
+    return blelloch_scan_order(g_last, flip(linear), offsets[::-1])[::-1]
+
+
+def blelloch_scan_order(g_last: Array, linear: Linear, offsets: Array) -> Array:
+    """:func:`blelloch` with inputs and outputs in scan order (latest step first)."""
     levels = []
     v, a, b = g_last[None], linear, offsets
     while len(a) > 0:

@@ -8,7 +8,7 @@ import math
 import jax.numpy as jnp
 from jax import Array, lax
 
-from bppsa.scan._algorithms import blelloch
+from bppsa.scan._algorithms import blelloch_scan_order, sequential
 from bppsa.scan._elements import Dense, Linear, map_stacked
 
 
@@ -18,12 +18,12 @@ def default_chunks(length: int) -> int:
     return max(1, min(length, round(math.sqrt(length / 2))))
 
 
-def chunked(g_last: Array, linear: Linear, offsets: Array, chunks: int) -> Array:
+def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -> Array:
     """Scan of :func:`bppsa.scan._algorithms.sequential`'s problem in ``2 L + O(log C)`` steps.
 
     Algorithm summary (a form of the "heterogeneous" Blelloch scan of Wang, Bai & Pekhimenko,
     MLSys 2020, for fewer workers than elements). The ``T`` elements, in scan order, are split
-    into ``C`` chunks of ``L = ceil(T / C)`` (the last one padded, its padding masked).
+    into ``C`` chunks of ``L = ceil(T / C)`` (the earliest one padded, its padding masked).
 
     1. Inside every chunk at once, ``L`` sequential steps compose the chunk's elements into one
        affine map ``g -> M g + o``, kept transposed as ``Y = [M^T; o^T]`` (``(n + 1) x n``):
@@ -43,23 +43,25 @@ def chunked(g_last: Array, linear: Linear, offsets: Array, chunks: int) -> Array
         chunks: ``C``; clipped to ``[1, T]``.
 
     Returns:
-        ``(T + 1, *batch, n)``: ``g_T, g_{T-1}, ..., g_0``.
+        ``(T + 1, *batch, n)``: ``g_0, g_1, ..., g_T``.
     """
     length = len(linear)
-    if length == 0:
-        return g_last[None]
+    if length == 0 or chunks <= 1:
+        return sequential(g_last, linear, offsets)
     per_chunk = -(-length // max(1, min(chunks, length)))
     chunks = -(-length // per_chunk)  # no empty chunk
     padded = chunks * per_chunk
 
-    def by_step(x):  # (T, ...) -> (L, C, ...): step j of every chunk is one contiguous slice
-        x = jnp.pad(x, [(0, padded - length)] + [(0, 0)] * (x.ndim - 1))
+    def by_step(x):
+        # Time order (T, ...) -> scan order split into (L, C, ...): chunk 0 holds the latest
+        # steps, and step j of every chunk is one contiguous slice.
+        x = jnp.pad(x[::-1], [(0, padded - length)] + [(0, 0)] * (x.ndim - 1))
         return jnp.swapaxes(x.reshape(chunks, per_chunk, *x.shape[1:]), 0, 1)
 
     elements = map_stacked(linear, by_step)
     steps = (
         {name: getattr(elements, name) for name in elements.stacked_fields},
-        by_step(offsets),
+        None if offsets is None else by_step(offsets),
         by_step(jnp.arange(length) >= 0),  # False on the padding
     )
 
@@ -78,32 +80,36 @@ def chunked(g_last: Array, linear: Linear, offsets: Array, chunks: int) -> Array
         v, y = carry
         element, offset, valid = unpack(step)
         head = map_stacked(element, lambda x: x[:1])
-        v = jnp.where(valid[0], head.matvec(v[None])[0] + offset[0], v)
+        new_v = head.matvec(v[None])[0]
+        v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
         if chunks > 1:
             tail = map_stacked(element, lambda x: x[1:])
-            new = tail.rmatmat(y).at[..., -1, :].add(offset[1:])
+            new = tail.rmatmat(y)
+            if offset is not None:
+                new = new.at[..., -1, :].add(offset[1:])
             y = jnp.where(_expand(valid[1:], new.ndim), new, y)
         return (v, y), v
 
     (after_first, aggregates), first = lax.scan(compose, start, steps)
     if chunks == 1:
-        return jnp.concatenate([g_last[None], first[:length]])
+        return jnp.concatenate([g_last[None], first[:length]])[::-1]
 
     # 2. Start vectors of chunks 1..C-1: a Blelloch scan over their aggregates.
     matrices = Dense(jnp.swapaxes(aggregates[..., :-1, :], -1, -2))
-    starts = blelloch(after_first, matrices, aggregates[..., -1, :])[:-1]
+    starts = blelloch_scan_order(after_first, matrices, aggregates[..., -1, :])[:-1]
 
     # 3. Every prefix of chunks 1..C-1, from their start vectors.
     def propagate(v, step):
         element, offset, valid = unpack(step)
         tail = map_stacked(element, lambda x: x[1:])
-        v = jnp.where(_expand(valid[1:], v.ndim), tail.matvec(v) + offset[1:], v)
+        new = tail.matvec(v)
+        v = jnp.where(_expand(valid[1:], v.ndim), new if offset is None else new + offset[1:], v)
         return v, v
 
     _, rest = lax.scan(propagate, starts, steps)  # (L, C - 1, *batch, n)
     prefixes = jnp.concatenate([first[:, None], rest], axis=1)
     prefixes = jnp.swapaxes(prefixes, 0, 1).reshape(padded, *g_last.shape)[:length]
-    return jnp.concatenate([g_last[None], prefixes])
+    return jnp.concatenate([g_last[None], prefixes])[::-1]
 
 
 def _expand(mask: Array, ndim: int) -> Array:

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import ClassVar
 
+import jax
 from jax import Array
 
 from bppsa.scan import _algorithms
@@ -32,8 +33,8 @@ class Method:
     name: ClassVar[str]
     uses_jacobians: ClassVar[bool] = True
 
-    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
-        """Returns ``[g_T, ..., g_0]`` (see :mod:`bppsa.scan._algorithms`)."""
+    def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
+        """Returns ``[g_0, ..., g_T]`` (see :mod:`bppsa.scan._algorithms`; time order)."""
         raise NotImplementedError
 
 
@@ -54,7 +55,7 @@ class Sequential(Method):
     def uses_jacobians(self) -> bool:  # type: ignore[override]
         return self.jacobians
 
-    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+    def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         return _algorithms.sequential(g_last, linear, offsets)
 
 
@@ -64,7 +65,7 @@ class Blelloch(Method):
 
     name: ClassVar[str] = "blelloch"
 
-    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+    def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         return _algorithms.blelloch(g_last, linear, offsets)
 
 
@@ -84,13 +85,38 @@ class Chunked(Method):
         if self.chunks is not None and (not isinstance(self.chunks, int) or self.chunks < 1):
             raise ValueError(f"chunks must be a positive int or None, got {self.chunks!r}.")
 
-    def scan(self, g_last: Array, linear: Linear, offsets: Array) -> Array:
+    def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         chunks = default_chunks(len(linear)) if self.chunks is None else self.chunks
         return chunked(g_last, linear, offsets, chunks)
 
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Blelloch, Chunked, Sequential)}
-DEFAULT = Blelloch()
+@dataclasses.dataclass(frozen=True)
+class Auto(Method):
+    """Chooses a method from the sequence length, the state size and the backend.
+
+    :meth:`choose` says what it picks. On CPU it is ``Chunked(1)``: a sequential scan over
+    the transposed Jacobians, whose steps are single matrix-vector products while the Jacobians
+    and parameter gradients are computed in parallel outside the loop. With only a few cores,
+    the parallel levels' extra ``~n``-fold matrix work does not pay for itself (measured with
+    ``benchmarks/speed.py``). On accelerators it is ``Blelloch()`` (``Theta(log T)`` levels).
+    """
+
+    name: ClassVar[str] = "auto"
+
+    def choose(self, length: int, size: int, backend: str | None = None) -> Method:
+        """The method used for ``length`` steps of a state of ``size`` on ``backend``."""
+        backend = jax.default_backend() if backend is None else backend
+        if backend == "cpu":
+            return Chunked(1)
+        return Blelloch()
+
+    def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
+        method = self.choose(len(linear), g_last.shape[-1])
+        return method.scan(g_last, linear, offsets)
+
+
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential)}
+DEFAULT = Auto()
 
 _ambient: contextvars.ContextVar[Method | None] = contextvars.ContextVar(
     "bppsa_method", default=None

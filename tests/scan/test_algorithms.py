@@ -16,11 +16,11 @@ MORE_CHUNKS = [functools.partial(chunked, chunks=c) for c in (1, 2, 16)]
 
 
 def python_loop(g_last, a, b):
-    """g_{k+1} = A_k g_k + b_k, one step at a time, in NumPy."""
+    """g_{t-1} = A_t g_t + b_t from t = T down to 1, in NumPy; returns g_0, ..., g_T."""
     out = [np.asarray(g_last)]
-    for k in range(a.shape[0]):
+    for k in reversed(range(a.shape[0])):
         out.append(np.einsum("...ij,...j->...i", a[k], out[-1]) + b[k])
-    return np.stack(out)
+    return np.stack(out[::-1])
 
 
 def random_problem(length, batch, n, dtype, seed=0):
@@ -48,7 +48,8 @@ def test_chunk_counts(algorithm, length, dtype):
 
 def check_dense(algorithm, length, batch, dtype):
     g, a, b = random_problem(length, batch, 4, dtype)
-    out = algorithm(jnp.asarray(g), Dense(jnp.asarray(a)), jnp.asarray(b))
+    # Jitted: dispatching every operation of the sweeps eagerly would dominate the test time.
+    out = jax.jit(algorithm)(jnp.asarray(g), Dense(jnp.asarray(a)), jnp.asarray(b))
     assert out.shape == (length + 1, *batch, 4)
     assert out.dtype == dtype
     assert_trees_close(out, python_loop(g, a, b).astype(dtype), dtype)
@@ -91,10 +92,10 @@ def test_combine_applies_first_then_second(x64):
 @pytest.mark.parametrize("length", [1, 2, 7, 33])
 def test_agrees_with_associative_scan(length, x64):
     """Cross-check with JAX's own associative scan (whose reverse order is easy to get wrong:
-    with reverse=False and our scan order, its first argument is the EARLIER scan element)."""
+    with reverse=False over the scan order, its first argument is the EARLIER scan element)."""
     g, a, b = random_problem(length, (), 3, np.float64, seed=3)
-    mats = np.concatenate([np.zeros((1, 3, 3)), a])
-    vecs = np.concatenate([g[None], b])
+    mats = np.concatenate([np.zeros((1, 3, 3)), a[::-1]])  # scan order: latest step first
+    vecs = np.concatenate([g[None], b[::-1]])
 
     def op(earlier, later):  # earlier in scan order = later in time: apply it first
         (a1, b1), (a2, b2) = earlier, later
@@ -102,7 +103,7 @@ def test_agrees_with_associative_scan(length, x64):
 
     _, expected = jax.lax.associative_scan(op, (jnp.asarray(mats), jnp.asarray(vecs)))
     out = blelloch(jnp.asarray(g), Dense(jnp.asarray(a)), jnp.asarray(b))
-    assert_trees_close(out, expected, jnp.float64)
+    assert_trees_close(out, expected[::-1], jnp.float64)
 
 
 def test_blelloch_depth_is_logarithmic():

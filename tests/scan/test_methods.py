@@ -3,7 +3,7 @@
 import pytest
 
 import bppsa
-from bppsa.scan import METHODS, Blelloch, Chunked, Sequential, ambient, resolve
+from bppsa.scan import METHODS, Auto, Blelloch, Chunked, Sequential, ambient, resolve
 
 
 def test_names_resolve_to_method_objects():
@@ -11,19 +11,19 @@ def test_names_resolve_to_method_objects():
     assert resolve("Sequential") == Sequential()
     assert resolve(Sequential(jacobians=True)) == Sequential(jacobians=True)
     assert resolve("chunked") == Chunked()
-    assert set(METHODS) == {"blelloch", "chunked", "sequential"}
+    assert set(METHODS) == {"auto", "blelloch", "chunked", "sequential"}
 
 
-def test_default_is_blelloch_and_ambient_overrides_it():
-    assert resolve(None) == Blelloch()
+def test_default_is_auto_and_ambient_overrides_it():
+    assert resolve(None) == Auto()
     with ambient("sequential"):
         assert resolve(None) == Sequential()
         assert resolve("blelloch") == Blelloch()  # an explicit method wins
-    assert resolve(None) == Blelloch()
+    assert resolve(None) == Auto()
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"method='fast'.*'blelloch', 'chunked', 'sequential'"):
+    with pytest.raises(ValueError, match=r"method='fast'.*'auto', 'blelloch', 'chunked'"):
         resolve("fast")
     with pytest.raises(ValueError, match="method='fast'"):
         bppsa.grad(lambda x: x, method="fast")
@@ -44,3 +44,8 @@ def test_only_sequential_default_skips_jacobians():
 def test_chunk_counts_are_checked(chunks):
     with pytest.raises(ValueError, match="chunks must be a positive int"):
         Chunked(chunks)
+
+
+def test_auto_says_what_it_picks():
+    assert Auto().choose(10_000, 20, backend="cpu") == Chunked(1)
+    assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
