@@ -43,9 +43,12 @@ QUICK_B = [1, 16, 128]
 
 
 def parse_method(name: str) -> bppsa.Method:
-    """``blelloch``, ``auto``, ``sequential-jacobians``, ``chunked`` or ``chunked-C``."""
+    """``blelloch``, ``auto``, ``sequential-jacobians``, ``chunked``, ``chunked-C`` or
+    ``chunked-C-bK`` (C chunks in time blocks of K steps)."""
     if name.startswith("chunked-"):
-        return bppsa.Chunked(int(name.split("-", 1)[1]))
+        parts = name.split("-")[1:]
+        block = int(parts[1][1:]) if len(parts) > 1 else None
+        return bppsa.Chunked(int(parts[0]), block=block)
     if name == "sequential-jacobians":
         return bppsa.Sequential(jacobians=True)
     return resolve(name)

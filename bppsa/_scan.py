@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,7 +12,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from bppsa import _forward_mode
-from bppsa._carry import Layout, zero_cotangent
+from bppsa._carry import Layout, is_float, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
 from bppsa.jacobians._stacked import steps_with_jacobians
 from bppsa.scan import Method, resolve
@@ -137,37 +138,22 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
     def run_bwd(residuals, cotangents):
         consts, xs, carries_before = residuals
         ct_carry, ct_ys = cotangents
-        # One evaluation of all steps at once (parallel in t) gives their VJP and Jacobians;
-        # consts are shared by the steps, so their cotangents come out summed over t.
         if all(isinstance(ct, SymbolicZero) for ct in jax.tree.leaves(ct_ys)):
-            # Only the final carry receives a cotangent: no VJP w.r.t. the carries is needed.
-            (carries_after, ys), vjp, jac_t = jax.vjp(
-                lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
-            )
-            ct_ys = jax.tree.map(zero_cotangent, ys)
-            offsets = None
+            ct_ys = None  # only the final carry receives a cotangent
         else:
-            (carries_after, ys), vjp_all, jac_t = jax.vjp(
-                all_steps, consts, carries_before, xs, has_aux=True
-            )
-            ct_ys = _instantiate_tree(ct_ys, ys)
-            _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
-            offsets = layout.pack(from_ys, stacked=True) if any(layout.float_mask) else None
-
-            def vjp(cts):
-                ct_consts, _, ct_xs = vjp_all(cts)
-                return ct_consts, ct_xs
-
-        if any(layout.float_mask):
-            g_last = layout.pack(_instantiate_tree(ct_carry, init))
-            g = method.scan(g_last, jac_t, offsets)  # [g_0, ..., g_T]
-            ct_init = layout.unpack(g[0], init)
-            ct_after = layout.unpack(g[1:], carries_before, stacked=True)
-        else:  # nothing in the carry is differentiable
-            ct_init = layout.zeros(init)
-            ct_after = jax.tree.map(zero_cotangent, carries_after)
-        ct_consts, ct_xs = vjp((ct_after, ct_ys))
-        return ct_consts, ct_init, ct_xs
+            ys_shape = jax.eval_shape(all_steps, consts, carries_before, xs)[0][1]
+            ct_ys = _instantiate_tree(ct_ys, ys_shape)
+        if not any(layout.float_mask):  # nothing in the carry is differentiable
+            ct_consts, ct_xs = _steps_vjp(all_steps, consts, carries_before, xs, None, ct_ys)
+            return ct_consts, layout.zeros(init), ct_xs
+        span = functools.partial(_span_backward, all_steps, method, layout, consts)
+        g_last = layout.pack(_instantiate_tree(ct_carry, init))
+        block = method.block_size(num_steps)
+        if block is None or block >= num_steps:
+            g_first, ct_consts, ct_xs = span(carries_before, xs, g_last, ct_ys)
+        else:
+            g_first, ct_consts, ct_xs = _blocked(span, block, carries_before, xs, g_last, ct_ys)
+        return ct_consts, layout.unpack(g_first, init), ct_xs
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
     return run
@@ -184,3 +170,90 @@ def _instantiate(ct, like):
 
 def _instantiate_tree(cts, like):
     return jax.tree.map(_instantiate, cts, like, is_leaf=lambda x: isinstance(x, SymbolicZero))
+
+
+def _steps_vjp(all_steps, consts, carries_before, xs, ct_after, ct_ys):
+    """Cotangents of consts and xs from those of every step's outputs (parallel in t)."""
+    (carries_after, ys), vjp, _ = jax.vjp(
+        lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
+    )
+    ct_after = jax.tree.map(zero_cotangent, carries_after) if ct_after is None else ct_after
+    ct_ys = jax.tree.map(zero_cotangent, ys) if ct_ys is None else ct_ys
+    return vjp((ct_after, ct_ys))
+
+
+def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end, ct_ys):
+    """Back-propagates ``g_end`` through a span of steps.
+
+    One evaluation of all the span's steps at once (parallel in t) gives their VJP and their
+    transposed Jacobians; ``method`` scans the Jacobians; the VJP then gives the cotangents of
+    consts (summed over the steps) and xs. Returns ``(g_start, ct_consts, ct_xs)``.
+    """
+    if ct_ys is None:  # no VJP w.r.t. the carries is needed
+        (carries_after, ys), vjp, jac_t = jax.vjp(
+            lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
+        )
+        ct_ys = jax.tree.map(zero_cotangent, ys)
+        offsets = None
+    else:
+        (carries_after, _), vjp_all, jac_t = jax.vjp(
+            all_steps, consts, carries_before, xs, has_aux=True
+        )
+        _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
+        offsets = layout.pack(from_ys, stacked=True)
+
+        def vjp(cts):
+            ct_consts, _, ct_xs = vjp_all(cts)
+            return ct_consts, ct_xs
+
+    g = method.scan(g_end, jac_t, offsets)  # [g_start, ..., g_end]
+    ct_consts, ct_xs = vjp((layout.unpack(g[1:], carries_before, stacked=True), ct_ys))
+    return g[0], ct_consts, ct_xs
+
+
+def _blocked(span, block, carries_before, xs, g_last, ct_ys):
+    """:func:`_span_backward` over time blocks of ``block`` steps, from the last block back.
+
+    Every block is still evaluated all steps at once, but its arrays stay small enough for the
+    cache: on CPUs, streaming ``T``-long arrays through memory costs more than the loop.
+    """
+    num_steps = jax.tree.leaves(carries_before)[0].shape[0]
+    head, blocks = num_steps % block, num_steps // block
+
+    def split(a):
+        return a[head:].reshape(blocks, block, *a.shape[1:])
+
+    def one_block(carry, inputs):
+        g, total = carry
+        g, ct_consts, ct_xs = span(*inputs[:2], g, inputs[2])
+        total = jax.tree.map(jnp.add, total, ct_consts)
+        return (g, total), jax.tree.map(_float0_as_placeholder, ct_xs)
+
+    first = jax.tree.map(split, (carries_before, xs, ct_ys))
+    zeros = jax.eval_shape(lambda: span(*jax.tree.map(lambda a: a[0], first[:2]), g_last, None)[1])
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+    (g, ct_consts), ct_xs = lax.scan(one_block, (g_last, zeros), first, reverse=True)
+    ct_xs = jax.tree.map(lambda c: c.reshape(-1, *c.shape[2:]), ct_xs)
+    if head:
+        g, ct_head, ct_xs_head = span(
+            *jax.tree.map(lambda a: a[:head], (carries_before, xs)),
+            g,
+            jax.tree.map(lambda a: a[:head], ct_ys),
+        )
+        ct_consts = jax.tree.map(jnp.add, ct_consts, ct_head)
+        ct_xs = jax.tree.map(
+            lambda a, b: jnp.concatenate([a, b]),
+            jax.tree.map(_float0_as_placeholder, ct_xs_head),
+            ct_xs,
+        )
+    ct_xs = jax.tree.map(_restore_float0, ct_xs, xs)
+    return g, ct_consts, ct_xs
+
+
+def _float0_as_placeholder(ct):
+    """``lax.scan`` cannot stack ``float0`` cotangents: carry a same-shaped bool instead."""
+    return jnp.zeros(ct.shape, bool) if ct.dtype == jax.dtypes.float0 else ct
+
+
+def _restore_float0(ct, x):
+    return zero_cotangent(x) if not is_float(x) else ct

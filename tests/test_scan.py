@@ -64,7 +64,15 @@ def test_hidden_and_batch_sizes(cell, hidden, batch, dtype):
     check_cell(CELLS[cell], "blelloch", 17, batch, hidden, dtype, "every")
 
 
-@pytest.mark.parametrize("method", ["blelloch", "chunked"])
+@pytest.mark.parametrize("length,where", [(17, "every"), (100, "last"), (64, "every")])
+@pytest.mark.parametrize("method", [bppsa.Chunked(1, block=16), bppsa.Chunked(3, block=7)], ids=str)
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_time_blocks_match_back_propagation(cell, method, length, where, dtype):
+    """Blocks that divide T and that do not (a shorter first block)."""
+    check_cell(CELLS[cell], method, length, 4, 8, dtype, where)
+
+
+@pytest.mark.parametrize("method", ["blelloch", "chunked", "auto"])
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_long_sequences(cell, method, dtype):
     check_cell(CELLS[cell], method, 1000, 16, 20, dtype, "last")

@@ -26,16 +26,17 @@ def problem(dtype):
     return params, xs, dtype
 
 
-def both(loss, *args, argnums=0):
+def both(loss, *args, argnums=0, method=METHOD):
     """Gradients through bppsa.scan (Blelloch) and through lax.scan (jitted: eager dispatch of
     every small operation of the backward pass would dominate the test time)."""
-    grad = bppsa.grad(functools.partial(loss, bppsa.scan), argnums=argnums, method=METHOD)
+    grad = bppsa.grad(functools.partial(loss, bppsa.scan), argnums=argnums, method=method)
     actual = jax.jit(grad)(*args)
     expected = jax.jit(jax.grad(functools.partial(loss, jax.lax.scan), argnums=argnums))(*args)
     return actual, expected
 
 
-def test_pytree_carry_and_outputs(problem):
+@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+def test_pytree_carry_and_outputs(problem, method):
     params, xs, dtype = problem
 
     def loss(scan, params, xs):
@@ -48,7 +49,7 @@ def test_pytree_carry_and_outputs(problem):
         carry, ys = scan(body, init, xs)
         return carry["m"].sum() + ys["sum"].sum() + (ys["pair"][0] ** 2).sum()
 
-    assert_trees_close(*both(loss, params, xs), dtype)
+    assert_trees_close(*both(loss, params, xs, method=method), dtype)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -83,7 +84,8 @@ def test_integer_step_counter_and_xs_none(problem):
     assert_trees_close(*both(loss, params), dtype)
 
 
-def test_integer_and_boolean_xs_get_no_gradient(problem):
+@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+def test_integer_and_boolean_xs_get_no_gradient(problem, method):
     params, xs, dtype = problem
     mask = jnp.arange(T) % 2 == 0
     index = jnp.arange(T, dtype=jnp.int32)
@@ -97,7 +99,7 @@ def test_integer_and_boolean_xs_get_no_gradient(problem):
         h, _ = scan(body, jnp.zeros(H, dtype), (xs, mask, index))
         return (h**2).sum()
 
-    assert_trees_close(*both(loss, params, xs, argnums=(0, 1)), dtype)
+    assert_trees_close(*both(loss, params, xs, argnums=(0, 1), method=method), dtype)
     grads = jax.grad(lambda p, x: loss(bppsa.scan, p, x[0]), argnums=1, allow_int=True)(
         params, (xs, mask, index)
     )

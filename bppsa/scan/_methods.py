@@ -37,6 +37,14 @@ class Method:
         """Returns ``[g_0, ..., g_T]`` (see :mod:`bppsa.scan._algorithms`; time order)."""
         raise NotImplementedError
 
+    def block_size(self, length: int) -> int | None:
+        """Steps per time block of the backward pass, or ``None`` for one block of all steps.
+
+        With blocks, the per-step work that is parallel in t (Jacobians, parameter cotangents)
+        runs block by block, from the last block back, so that its arrays stay in cache.
+        """
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Sequential(Method):
@@ -75,19 +83,29 @@ class Chunked(Method):
 
     ``2 T / chunks + O(log chunks)`` dependent steps, each a large product (see
     :func:`bppsa.scan._chunked.chunked`): the paper's heterogeneous Blelloch scan for fewer
-    workers than elements. ``chunks=None`` picks about ``sqrt(T / 2)``.
+    workers than elements. ``chunks=None`` picks about ``sqrt(T / 2)``. ``block``: see
+    :meth:`Method.block_size` (the chunks then split each block).
     """
 
     chunks: int | None = None
+    block: int | None = None
     name: ClassVar[str] = "chunked"
 
     def __post_init__(self):
-        if self.chunks is not None and (not isinstance(self.chunks, int) or self.chunks < 1):
-            raise ValueError(f"chunks must be a positive int or None, got {self.chunks!r}.")
+        for name in ("chunks", "block"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}.")
+
+    def block_size(self, length: int) -> int | None:
+        return self.block
 
     def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         chunks = default_chunks(len(linear)) if self.chunks is None else self.chunks
         return chunked(g_last, linear, offsets, chunks)
+
+
+CPU_BLOCK = 1024  # steps per block on CPUs: a block's arrays then stay in cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +125,15 @@ class Auto(Method):
         """The method used for ``length`` steps of a state of ``size`` on ``backend``."""
         backend = jax.default_backend() if backend is None else backend
         if backend == "cpu":
-            return Chunked(1)
+            return Chunked(1, block=CPU_BLOCK)
         return Blelloch()
 
     def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         method = self.choose(len(linear), g_last.shape[-1])
         return method.scan(g_last, linear, offsets)
+
+    def block_size(self, length: int) -> int | None:
+        return self.choose(length, 0).block_size(length)
 
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential)}

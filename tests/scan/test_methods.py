@@ -44,8 +44,10 @@ def test_only_sequential_default_skips_jacobians():
 def test_chunk_counts_are_checked(chunks):
     with pytest.raises(ValueError, match="chunks must be a positive int"):
         Chunked(chunks)
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        Chunked(2, block=chunks)
 
 
 def test_auto_says_what_it_picks():
-    assert Auto().choose(10_000, 20, backend="cpu") == Chunked(1)
+    assert Auto().choose(10_000, 20, backend="cpu") == Chunked(1, block=1024)
     assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
