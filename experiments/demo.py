@@ -49,17 +49,23 @@ def main() -> None:
     xs, labels = bitstreams(jax.random.key(0), BATCH, LENGTH)
     platform = jax.devices()[0].platform
     print(f"bppsa {bppsa.__version__} on {platform}: T={LENGTH}, B={BATCH}, H={HIDDEN}")
-    print(f"{'cell':<5} {'max rel. diff':>14} {'BP (ms)':>9} {'BPPSA (ms)':>11}")
+    methods = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
+    print(f"BPPSA's automatic choice here: {bppsa.Auto().choose(LENGTH, HIDDEN)}")
+    header = " ".join(f"{m + ' (ms)':>14} {'rel. diff':>9}" for m in methods)
+    print(f"{'cell':<5} {'BP (ms)':>9} {header}")
     for name, cell in (("RNN", RNN()), ("GRU", GRU())):
         model = SequenceClassifier(1, HIDDEN, CLASSES, cell=cell)
         params = model.init(key=jax.random.key(1))
         bp = jax.jit(bppsa.grad(model.loss, method="sequential"))
-        scan = jax.jit(bppsa.grad(model.loss, method="blelloch"))
-        difference = max_relative_difference(scan(params, xs, labels), bp(params, xs, labels))
-        t_bp = median_seconds(bp, params, xs, labels)
-        t_scan = median_seconds(scan, params, xs, labels)
-        print(f"{name:<5} {difference:>14.2e} {1e3 * t_bp:>9.1f} {1e3 * t_scan:>11.1f}")
-    print("Times are medians of forward + backward after warm-up, on this machine.")
+        reference = bp(params, xs, labels)
+        row = f"{name:<5} {1e3 * median_seconds(bp, params, xs, labels):>9.1f}"
+        for method in methods.values():
+            grad = jax.jit(bppsa.grad(model.loss, method=method))
+            difference = max_relative_difference(grad(params, xs, labels), reference)
+            row += f" {1e3 * median_seconds(grad, params, xs, labels):>14.1f} {difference:>9.1e}"
+        print(row)
+    print("Times: medians of forward + backward after warm-up, on this machine.")
+    print("rel. diff: max |g - g_BP| / max |g_BP| over the gradient leaves.")
 
 
 if __name__ == "__main__":
