@@ -23,7 +23,9 @@ from experiments.demo import bitstreams, max_relative_difference
 
 LENGTH, BATCH, HIDDEN = 1000, 16, 20
 METHODS = {
+    "auto": bppsa.Auto(),
     "blelloch": bppsa.Blelloch(),
+    "chunked": bppsa.Chunked(),
     "sequential(jacobians=True)": bppsa.Sequential(jacobians=True),
     "sequential": bppsa.Sequential(),
 }
