@@ -25,6 +25,11 @@ def zero_cotangent(aval: Any) -> Array:
     return np.zeros(aval.shape, dtype=jax.dtypes.float0)
 
 
+def unstacked(a: Any) -> jax.ShapeDtypeStruct:
+    """The shape and dtype of one step of a stacked array (without its leading axis)."""
+    return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Packs the float leaves of a carry into the vector that the scan propagates.

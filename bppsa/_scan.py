@@ -12,7 +12,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from bppsa import _forward_mode
-from bppsa._carry import Layout, is_float, zero_cotangent
+from bppsa._carry import Layout, is_float, unstacked, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
 from bppsa.jacobians._stacked import steps_with_jacobians
 from bppsa.scan import Method, resolve
@@ -73,7 +73,7 @@ def scan(
     num_steps = _num_steps(xs, length)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
-    x_example = jax.tree.map(_unstacked, xs)
+    x_example = jax.tree.map(unstacked, xs)
 
     analytic = has_analytic_jacobian(f, init, x_example)
     step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
@@ -144,7 +144,7 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
             ys_shape = jax.eval_shape(all_steps, consts, carries_before, xs)[0][1]
             ct_ys = _instantiate_tree(ct_ys, ys_shape)
         if not any(layout.float_mask):  # nothing in the carry is differentiable
-            ct_consts, ct_xs = _steps_vjp(all_steps, consts, carries_before, xs, None, ct_ys)
+            ct_consts, ct_xs = _steps_vjp(all_steps, consts, carries_before, xs, ct_ys)
             return ct_consts, layout.zeros(init), ct_xs
         span = functools.partial(_span_backward, all_steps, method, layout, consts)
         g_last = layout.pack(_instantiate_tree(ct_carry, init))
@@ -159,10 +159,6 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
     return run
 
 
-def _unstacked(a):
-    return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
-
-
 def _instantiate(ct, like):
     """A real array for a symbolic-zero cotangent (``float0`` for integer leaves)."""
     return zero_cotangent(like) if isinstance(ct, SymbolicZero) else ct
@@ -172,14 +168,13 @@ def _instantiate_tree(cts, like):
     return jax.tree.map(_instantiate, cts, like, is_leaf=lambda x: isinstance(x, SymbolicZero))
 
 
-def _steps_vjp(all_steps, consts, carries_before, xs, ct_after, ct_ys):
-    """Cotangents of consts and xs from those of every step's outputs (parallel in t)."""
+def _steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
+    """Cotangents of consts and xs from those of every step's ``y`` (none on the carries)."""
     (carries_after, ys), vjp, _ = jax.vjp(
         lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
     )
-    ct_after = jax.tree.map(zero_cotangent, carries_after) if ct_after is None else ct_after
     ct_ys = jax.tree.map(zero_cotangent, ys) if ct_ys is None else ct_ys
-    return vjp((ct_after, ct_ys))
+    return vjp((jax.tree.map(zero_cotangent, carries_after), ct_ys))
 
 
 def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end, ct_ys):

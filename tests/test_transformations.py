@@ -85,6 +85,18 @@ def test_integer_step_counter_and_xs_none(problem):
 
 
 @pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+def test_carry_without_float_leaves(problem, method):
+    params, xs, dtype = problem
+
+    def loss(scan, params, xs):
+        body = lambda k, x: (k + 1, jnp.sum(params["u"] @ x) * k)
+        _, ys = scan(body, jnp.int32(0), xs)
+        return (ys**2).sum()
+
+    assert_trees_close(*both(loss, params, xs, argnums=(0, 1), method=method), dtype)
+
+
+@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
 def test_integer_and_boolean_xs_get_no_gradient(problem, method):
     params, xs, dtype = problem
     mask = jnp.arange(T) % 2 == 0

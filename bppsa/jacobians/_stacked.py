@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 
-from bppsa._carry import Layout
+from bppsa._carry import Layout, unstacked
 from bppsa.scan import Dense
 from bppsa.scan._elements import vmap_out_axes
 
@@ -24,6 +23,8 @@ def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Call
 
     def one(consts, carry, x):
         new_carry, y, jac_t = step(carry, x, *consts)
+        if not any(layout.float_mask):  # nothing to differentiate in the carry
+            return (new_carry, y), None
         if not analytic:
 
             def carry_map(vector):
@@ -33,12 +34,8 @@ def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Call
         return (new_carry, y), jac_t
 
     def all_steps(consts, carries_before, xs):
-        example = jax.eval_shape(one, consts, *jax.tree.map(_unstacked, (carries_before, xs)))
-        out_axes = ((0, 0), vmap_out_axes(example[1]))
+        example = jax.eval_shape(one, consts, *jax.tree.map(unstacked, (carries_before, xs)))
+        out_axes = ((0, 0), None if example[1] is None else vmap_out_axes(example[1]))
         return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries_before, xs)
 
     return all_steps
-
-
-def _unstacked(a: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
