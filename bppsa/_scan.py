@@ -152,7 +152,9 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
         if block is None or block >= num_steps:
             g_first, ct_consts, ct_xs = span(carries_before, xs, g_last, ct_ys)
         else:
-            g_first, ct_consts, ct_xs = _blocked(span, block, carries_before, xs, g_last, ct_ys)
+            g_first, ct_consts, ct_xs = _blocked(
+                span, block, consts, carries_before, xs, g_last, ct_ys
+            )
         return ct_consts, layout.unpack(g_first, init), ct_xs
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
@@ -168,11 +170,16 @@ def _instantiate_tree(cts, like):
     return jax.tree.map(_instantiate, cts, like, is_leaf=lambda x: isinstance(x, SymbolicZero))
 
 
-def _steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
-    """Cotangents of consts and xs from those of every step's ``y`` (none on the carries)."""
-    (carries_after, ys), vjp, _ = jax.vjp(
+def _vjp_without_carries(all_steps, consts, carries_before, xs):
+    """``jax.vjp`` of all steps w.r.t. consts and xs only (carries held fixed), with Jacobians."""
+    return jax.vjp(
         lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
     )
+
+
+def _steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
+    """Cotangents of consts and xs from those of every step's ``y`` (none on the carries)."""
+    (carries_after, ys), vjp, _ = _vjp_without_carries(all_steps, consts, carries_before, xs)
     ct_ys = jax.tree.map(zero_cotangent, ys) if ct_ys is None else ct_ys
     return vjp((jax.tree.map(zero_cotangent, carries_after), ct_ys))
 
@@ -185,8 +192,8 @@ def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end,
     consts (summed over the steps) and xs. Returns ``(g_start, ct_consts, ct_xs)``.
     """
     if ct_ys is None:  # no VJP w.r.t. the carries is needed
-        (carries_after, ys), vjp, jac_t = jax.vjp(
-            lambda consts, xs: all_steps(consts, carries_before, xs), consts, xs, has_aux=True
+        (carries_after, ys), vjp, jac_t = _vjp_without_carries(
+            all_steps, consts, carries_before, xs
         )
         ct_ys = jax.tree.map(zero_cotangent, ys)
         offsets = None
@@ -206,7 +213,7 @@ def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end,
     return g[0], ct_consts, ct_xs
 
 
-def _blocked(span, block, carries_before, xs, g_last, ct_ys):
+def _blocked(span, block, consts, carries_before, xs, g_last, ct_ys):
     """:func:`_span_backward` over time blocks of ``block`` steps, from the last block back.
 
     Every block is still evaluated all steps at once, but its arrays stay small enough for the
@@ -225,8 +232,7 @@ def _blocked(span, block, carries_before, xs, g_last, ct_ys):
         return (g, total), jax.tree.map(_float0_as_placeholder, ct_xs)
 
     first = jax.tree.map(split, (carries_before, xs, ct_ys))
-    zeros = jax.eval_shape(lambda: span(*jax.tree.map(lambda a: a[0], first[:2]), g_last, None)[1])
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+    zeros = jax.tree.map(jnp.zeros_like, consts)  # consts are float: their cotangents match
     (g, ct_consts), ct_xs = lax.scan(one_block, (g_last, zeros), first, reverse=True)
     ct_xs = jax.tree.map(lambda c: c.reshape(-1, *c.shape[2:]), ct_xs)
     if head:

@@ -48,8 +48,8 @@ def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -
     length = len(linear)
     if length == 0 or chunks <= 1:
         return sequential(g_last, linear, offsets)
-    per_chunk = -(-length // max(1, min(chunks, length)))
-    chunks = -(-length // per_chunk)  # no empty chunk
+    per_chunk = -(-length // min(chunks, length))
+    chunks = -(-length // per_chunk)  # no empty chunk; still >= 2 since 2 <= chunks <= T
     padded = chunks * per_chunk
 
     def by_step(x):
@@ -82,17 +82,14 @@ def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -
         head = map_stacked(element, lambda x: x[:1])
         new_v = head.matvec(v[None])[0]
         v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
-        if chunks > 1:
-            tail = map_stacked(element, lambda x: x[1:])
-            new = tail.rmatmat(y)
-            if offset is not None:
-                new = new.at[..., -1, :].add(offset[1:])
-            y = jnp.where(_expand(valid[1:], new.ndim), new, y)
+        tail = map_stacked(element, lambda x: x[1:])
+        new = tail.rmatmat(y)
+        if offset is not None:
+            new = new.at[..., -1, :].add(offset[1:])
+        y = jnp.where(_expand(valid[1:], new.ndim), new, y)
         return (v, y), v
 
     (after_first, aggregates), first = lax.scan(compose, start, steps)
-    if chunks == 1:
-        return jnp.concatenate([g_last[None], first[:length]])[::-1]
 
     # 2. Start vectors of chunks 1..C-1: a Blelloch scan over their aggregates.
     matrices = Dense(jnp.swapaxes(aggregates[..., :-1, :], -1, -2))
