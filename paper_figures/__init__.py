@@ -1,0 +1,1 @@
+"""Scripts that redraw the paper's figures from result files only."""
