@@ -23,6 +23,17 @@ import numpy as np
 PACKAGES = ("bppsa", "jax", "jaxlib", "numpy", "optax")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (from ``/proc/cpuinfo`` where there is one), else the machine type."""
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def run_metadata(config: dict[str, Any]) -> dict[str, Any]:
     """What a result needs to be interpreted later: config, versions, device and host."""
     versions = {"python": platform.python_version()}
@@ -39,6 +50,7 @@ def run_metadata(config: dict[str, Any]) -> dict[str, Any]:
         device=getattr(device, "device_kind", device.platform),
         cpus=os.cpu_count(),
         machine=platform.processor() or platform.machine(),
+        cpu_model=cpu_model(),
         started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         argv=sys.argv,
     )

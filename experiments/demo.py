@@ -1,71 +1,99 @@
-"""A small built-in demo: gradients of the paper's RNN and GRU classifiers by back-propagation
-and by BPPSA, with their agreement and their times.
+"""The main job, ``make demo``: the paper's first experiment at a CPU-sized scale.
 
-Run with ``make demo`` (or ``python -m experiments.demo``). Uses only the public API.
+1. checks that BPPSA's gradient of the RNN classifier equals back-propagation's (one batch);
+2. trains the RNN on the synthetic bitstreams with BP and with BPPSA in lockstep (T = 1000,
+   B = 16, the quick configuration of ``experiments.rnn_synthetic``) and prints the
+   per-iteration loss agreement and the per-phase times;
+3. runs the quick T sweep (B = 16) and B sweep (T = 1000) and prints the speedup table;
+4. draws Fig. 7 and Fig. 8 from the result files.
+
+Everything is written under ``results/demo/`` (replaced on every run; figures in
+``results/demo/figures/``). A few minutes on a 2-core CPU. Uses only the public API.
 """
 
 from __future__ import annotations
 
-import statistics
+import argparse
+import dataclasses
+import pathlib
 import time
+from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 import bppsa
-from bppsa.models import GRU, RNN, SequenceClassifier
+from bppsa.models import SequenceClassifier
+from experiments import _report, rnn_synthetic
+from experiments._records import cpu_model
+from experiments._sweep import compare
+from paper_figures import _style, fig7, fig8
 
-LENGTH, BATCH, HIDDEN, CLASSES = 1000, 16, 20, 10
-REPEATS = 5
-
-
-def bitstreams(key, batch, length):
-    """The paper's synthetic data: class k is a Bernoulli(0.05 + 0.1 k) bitstream."""
-    k_label, k_bits = jax.random.split(key)
-    labels = jax.random.randint(k_label, (batch,), 0, CLASSES)
-    probs = 0.05 + 0.1 * labels
-    bits = jax.random.uniform(k_bits, (batch, length)) < probs[:, None]
-    return bits.astype(jnp.float32)[..., None], labels
+DEFAULT_OUT = pathlib.Path("results/demo")
 
 
-def median_seconds(fn, *args):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def max_relative_difference(a, b):
+def gradient_check(length: int = 1000, batch: int = 16, hidden: int = 20) -> float:
+    """Max normwise relative difference of BPPSA's gradient leaves from BP's, on one batch."""
+    data = rnn_synthetic.Config(length=length, batch=batch, hidden=hidden).data()
+    xs, labels = data.batch("train", 0, batch)
+    model = SequenceClassifier(1, hidden, rnn_synthetic.NUM_CLASSES)
+    params = model.init(key=jax.random.key(0))
+    bp = jax.jit(bppsa.grad(model.loss, method="sequential"))(params, xs, labels)
+    ours = jax.jit(bppsa.grad(model.loss))(params, xs, labels)
     return max(
-        float(jnp.max(jnp.abs(x - y)) / jnp.maximum(jnp.max(jnp.abs(y)), 1e-30))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+        float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(bp), strict=True)
     )
 
 
-def main() -> None:
-    xs, labels = bitstreams(jax.random.key(0), BATCH, LENGTH)
-    platform = jax.devices()[0].platform
-    print(f"bppsa {bppsa.__version__} on {platform}: T={LENGTH}, B={BATCH}, H={HIDDEN}")
-    methods = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
-    print(f"BPPSA's automatic choice here: {bppsa.Auto().choose(LENGTH, HIDDEN)}")
-    header = " ".join(f"{m + ' (ms)':>14} {'rel. diff':>9}" for m in methods)
-    print(f"{'cell':<5} {'BP (ms)':>9} {header}")
-    for name, cell in (("RNN", RNN()), ("GRU", GRU())):
-        model = SequenceClassifier(1, HIDDEN, CLASSES, cell=cell)
-        params = model.init(key=jax.random.key(1))
-        bp = jax.jit(bppsa.grad(model.loss, method="sequential"))
-        reference = bp(params, xs, labels)
-        row = f"{name:<5} {1e3 * median_seconds(bp, params, xs, labels):>9.1f}"
-        for method in methods.values():
-            grad = jax.jit(bppsa.grad(model.loss, method=method))
-            difference = max_relative_difference(grad(params, xs, labels), reference)
-            row += f" {1e3 * median_seconds(grad, params, xs, labels):>14.1f} {difference:>9.1e}"
-        print(row)
-    print("Times: medians of forward + backward after warm-up, on this machine.")
-    print("rel. diff: max |g - g_BP| / max |g_BP| over the gradient leaves.")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.demo", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results folder")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    preset = rnn_synthetic.PRESETS["quick"]
+    methods = ["bp", "bppsa"]
+    device = jax.devices()[0]
+    name = cpu_model() if device.platform == "cpu" else device.device_kind
+    print(f"bppsa {bppsa.__version__}, jax {jax.__version__} on {device.platform} ({name})")
+    print(f"BPPSA here is bppsa.Auto(), which runs {bppsa.Auto().choose(1000, 20)!r}.\n")
+
+    print("1. Gradient of the RNN classifier (T = 1000, B = 16), BPPSA vs BP:")
+    print(f"   max |g - g_BP| / max |g_BP| over the parameters: {gradient_check():.1e}\n")
+
+    config = preset.train
+    print(
+        f"2. Training, BP and BPPSA in lockstep: T = {config.length}, B = {config.batch}, "
+        f"H = {config.hidden}, Adam lr = {config.lr:g}, {config.iterations} iterations, same "
+        "seed, init and batches."
+    )
+    runs = rnn_synthetic.train(config, methods, args.out / "train", overwrite=True)
+    print(_report.loss_table(runs))
+    print(_report.timing_table(compare(runs, skip=1)) + "\n")
+
+    points = rnn_synthetic.sweep_points(
+        "both", preset.lengths, preset.batches, preset.sweep_batch, preset.sweep_length
+    )
+    sweep_config = dataclasses.replace(
+        preset.sweep, length=preset.sweep_length, batch=preset.sweep_batch
+    )
+    print(
+        f"3. Speed sweeps ({preset.sweep.iterations} iterations per point and method; medians; "
+        "backward = value_and_grad - forward):"
+    )
+    rows = rnn_synthetic.sweep(points, sweep_config, methods, args.out / "sweep", overwrite=True)
+    print(_report.sweep_table(rows))
+    print("   (a shared, loaded machine makes these times noisy: compare within a run.)\n")
+
+    figures = args.out / "figures"
+    paths = _style.save(fig7.draw(fig7.load_runs(args.out / "train")), figures, "fig7")
+    paths += _style.save(fig8.draw(*fig8.load_sweep(args.out / "sweep")), figures, "fig8")
+    print("4. Figures (from the result files above):")
+    for path in paths:
+        print(f"   {path}")
+    print(f"\nDone in {time.perf_counter() - start:.0f} s; results under {args.out}/.")
 
 
 if __name__ == "__main__":

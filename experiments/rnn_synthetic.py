@@ -1,0 +1,471 @@
+"""Paper experiment 1: the vanilla RNN classifier on synthetic bitstreams, trained with optax by
+back-propagation (BP) and by BPPSA (Wang, Bai & Pekhimenko, MLSys 2020, Figs. 7 and 8).
+
+The model: input 1, tanh RNN with hidden size 20, a linear head on the last state, 10 classes,
+cross-entropy, Adam with learning rate 1e-5 (all configurable). The data: the paper's bitstreams
+(:class:`bppsa.data.Bitstreams`), generated on the fly from the seed.
+
+Commands:
+    train   trains with every ``--method`` in lockstep on the same batches (Fig. 7: T = 1000,
+            B = 16) and prints the per-iteration loss agreement and the per-phase times;
+    sweep   the speed sweeps of Fig. 8: ``t`` (T sweep at B = 16), ``b`` (B sweep at T = 1000)
+            or ``both``; each point trains briefly with every method and records the median
+            per-iteration times and the speedups.
+
+Configurations: ``--quick`` (the default; minutes on a 2-core CPU) and ``--paper`` (the paper's
+T, B and epochs; for a GPU). Any option overrides the configuration's value.
+
+Results go to ``<out>/<name>/`` (default ``results/rnn_synthetic/<command>-<config>/``): each
+run's ``metrics.jsonl`` and ``checkpoint.npz`` (``train``: one folder per method; ``sweep``:
+``runs/T<T>-B<B>/<method>/``) and, for sweeps, ``sweep.jsonl``. Rerunning the same command
+resumes where it stopped. Draw the figures with ``python -m paper_figures.fig7`` and
+``python -m paper_figures.fig8``.
+
+Examples:
+    python -m experiments.rnn_synthetic train --method bp bppsa
+    python -m experiments.rnn_synthetic sweep both
+    python -m experiments.rnn_synthetic sweep t --paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from bppsa.data import Bitstreams
+from bppsa.models import SequenceClassifier
+from experiments import _methods, _report
+from experiments._sweep import compare, run_sweep
+from experiments._training import Task, Trainer, run_together
+
+NUM_CLASSES = 10
+DEFAULT_OUT = pathlib.Path("results/rnn_synthetic")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One training run's settings (a run of each method uses the same).
+
+    Attributes:
+        length, batch, hidden: sequence length T, batch size B and hidden size H.
+        lr: Adam's learning rate.
+        num_samples, train_fraction, seed: the data (see :class:`bppsa.data.Bitstreams`); the
+            seed also initializes the parameters.
+        iterations, epochs: run length; ``iterations`` wins when both are set.
+        forward_every: time the forward alone every this many iterations.
+        eval_samples: test samples evaluated at the end of every epoch and of the run
+            (0: no evaluation).
+    """
+
+    length: int = 1000
+    batch: int = 16
+    hidden: int = 20
+    lr: float = 1e-5
+    num_samples: int = 50_000
+    train_fraction: float = 0.64
+    seed: int = 0
+    iterations: int | None = None
+    epochs: float | None = 1.0
+    forward_every: int = 1
+    eval_samples: int = 0
+
+    def data(self) -> Bitstreams:
+        return Bitstreams(
+            self.length, self.num_samples, self.train_fraction, NUM_CLASSES, self.seed
+        )
+
+    def num_iterations(self) -> int:
+        if self.iterations is not None:
+            return self.iterations
+        per_epoch = self.data().batches_per_epoch("train", self.batch)
+        return max(1, round(self.epochs * per_epoch))
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named configuration of both commands."""
+
+    name: str
+    train: Config
+    lengths: tuple[int, ...]  # T sweep, at sweep_batch
+    batches: tuple[int, ...]  # B sweep, at sweep_length
+    sweep: Config  # run length of each sweep point
+    sweep_batch: int = 16
+    sweep_length: int = 1000
+
+
+PRESETS = {
+    "quick": Preset(
+        "quick",
+        train=Config(iterations=300, epochs=None, eval_samples=512),
+        lengths=(100, 300, 1000, 3000),
+        batches=(2, 8, 32, 128),
+        sweep=Config(iterations=40, epochs=None),
+    ),
+    # The paper's sizes. Fig. 7's run length is the artifact's default of 50 epochs (its grid
+    # script takes the epochs as an argument that is not recorded); the sweep times are
+    # per-iteration averages over an epoch in the paper, so each point runs one epoch. The
+    # forward alone is timed on every 10th iteration (hundreds of samples per point) to keep
+    # the extra calls from doubling the forward work of these long runs.
+    "paper": Preset(
+        "paper",
+        train=Config(epochs=50.0, eval_samples=18_000, forward_every=10),
+        lengths=(10, 30, 100, 300, 1000, 3000, 10_000, 30_000),
+        batches=(2, 4, 8, 16, 32, 64, 128, 256),
+        sweep=Config(epochs=1.0, forward_every=10),
+    ),
+}
+
+
+def make_task(config: Config) -> Task:
+    """The classifier, its initial parameters and the batches of ``config``."""
+    data = config.data()
+    model = SequenceClassifier(1, config.hidden, NUM_CLASSES)
+    # stream 0 of the seed; the data draw from their own streams of it (Bitstreams)
+    params = model.init(key=jax.random.fold_in(jax.random.key(config.seed), 0))
+    evaluate = None
+    if config.eval_samples:
+        evaluate = _evaluator(model, data, config.eval_samples)
+    return Task(
+        loss=model.loss,
+        params=params,
+        batches=lambda start: data.batches("train", config.batch, start=start),
+        iterations_per_epoch=data.batches_per_epoch("train", config.batch),
+        evaluate=evaluate,
+    )
+
+
+def make_trainers(
+    config: Config,
+    methods: Sequence[str],
+    out_dir: str | pathlib.Path,
+    *,
+    checkpoint_every: int = 100,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> dict[str, Trainer]:
+    """A trainer per method, logging to ``out_dir/<method>/``, on the same data and init."""
+    task = make_task(config)
+    identity = dataclasses.asdict(config)
+    for key in ("iterations", "epochs"):  # a run may be extended
+        identity.pop(key)
+    eval_every = task.iterations_per_epoch if config.eval_samples else None
+    return {
+        name: Trainer(
+            task,
+            optax.adam(config.lr),
+            method=_methods.parse_method(name),
+            out_dir=pathlib.Path(out_dir) / name,
+            config=identity
+            | dict(method=name, resolved=_methods.describe(name, config.length, config.hidden)),
+            num_iterations=config.num_iterations(),
+            checkpoint_every=checkpoint_every,
+            forward_every=config.forward_every,
+            eval_every=eval_every,
+            overwrite=overwrite,
+            progress=progress,
+            name=f"{name} T={config.length} B={config.batch}",
+            position=position,
+        )
+        for position, name in enumerate(methods)
+    }
+
+
+def train(
+    config: Config,
+    methods: Sequence[str],
+    out_dir: str | pathlib.Path,
+    *,
+    checkpoint_every: int = 100,
+    overwrite: bool = False,
+    progress: bool | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Trains every method in lockstep; returns each run's log rows."""
+    trainers = make_trainers(
+        config,
+        methods,
+        out_dir,
+        checkpoint_every=checkpoint_every,
+        overwrite=overwrite,
+        progress=progress,
+    )
+    run_together(list(trainers.values()), chunk=checkpoint_every)
+    return {name: trainer.rows() for name, trainer in trainers.items()}
+
+
+def sweep_points(
+    which: str, lengths: Sequence[int], batches: Sequence[int], batch: int, length: int
+) -> list[dict[str, Any]]:
+    """Points of the T sweep (``lengths`` at ``batch``) and/or the B sweep (``batches`` at
+    ``length``); ``which`` is ``"t"``, ``"b"`` or ``"both"``."""
+    points = []
+    if which in ("t", "both"):
+        points += [{"sweep": "T", "length": t, "batch": batch} for t in lengths]
+    if which in ("b", "both"):
+        points += [{"sweep": "B", "length": length, "batch": b} for b in batches]
+    return points
+
+
+def sweep(
+    points: Sequence[dict[str, Any]],
+    config: Config,
+    methods: Sequence[str],
+    out_dir: str | pathlib.Path,
+    *,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    chunk: int | None = None,
+    on_point=None,
+) -> list[dict[str, Any]]:
+    """Runs the sweep ``points`` (each a short training of ``config`` with its T and B) and
+    returns their rows of ``out_dir/sweep.jsonl``. The methods of a point alternate every
+    ``chunk`` iterations (default: a tenth of a run, from 10 to 100)."""
+    out_dir = pathlib.Path(out_dir)
+    if chunk is None:
+        chunk = max(10, min(100, config.num_iterations() // 10))
+    if overwrite:
+        (out_dir / "sweep.jsonl").unlink(missing_ok=True)
+
+    def trainers(point):
+        at = dataclasses.replace(config, length=point["length"], batch=point["batch"])
+        folder = out_dir / "runs" / f"T{point['length']}-B{point['batch']}"
+        return make_trainers(
+            at,
+            methods,
+            folder,
+            checkpoint_every=max(chunk, 1000),
+            overwrite=overwrite,
+            progress=progress,
+        )
+
+    resolved = {name: _methods.describe(name, config.length, config.hidden) for name in methods}
+    identity = dataclasses.asdict(config) | dict(methods=list(methods), resolved=resolved)
+    for key in ("length", "batch"):
+        identity.pop(key)
+    baseline = _methods.BASELINE if _methods.BASELINE in methods else methods[0]
+    return run_sweep(
+        points, trainers, out_dir, identity, baseline=baseline, chunk=chunk, on_point=on_point
+    )
+
+
+def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, batch: int = 500):
+    logits = jax.jit(jax.vmap(model.logits, in_axes=(None, 0)))
+    count = min(samples, data.size("test"))
+    offset = data.size("train")
+
+    def evaluate(params) -> dict[str, float]:
+        loss = correct = 0.0
+        for start in range(0, count, batch):
+            xs, labels = data.samples(np.arange(start, min(start + batch, count)) + offset)
+            out = logits(params, xs)
+            loss += float(optax.softmax_cross_entropy_with_integer_labels(out, labels).sum())
+            correct += float((out.argmax(-1) == labels).sum())
+        return {"test_loss": loss / count, "test_accuracy": correct / count}
+
+    return evaluate
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def _method_name(text: str) -> str:
+    try:
+        _methods.parse_method(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.rnn_synthetic",
+        description=__doc__.split("\n\n")[0],
+        epilog="Run '<command> --help' for a command's options.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep}")
+    common = argparse.ArgumentParser(add_help=False)
+    size = common.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small configuration (default)")
+    size.add_argument("--paper", action="store_true", help="the paper's sizes (for a GPU)")
+    common.add_argument(
+        "--method",
+        "--methods",
+        dest="methods",
+        nargs="+",
+        type=_method_name,
+        default=["bp", "bppsa"],
+        metavar="NAME",
+        help="backward methods: bp (back-propagation), bppsa (bppsa.Auto(): Blelloch on "
+        "accelerators), blelloch, chunked, chunked-C, sequential-jacobians "
+        "(default: bp bppsa)",
+    )
+    common.add_argument("--hidden", type=_positive_int, help="hidden size (default 20)")
+    common.add_argument("--lr", type=_positive_float, help="Adam learning rate (default 1e-5)")
+    common.add_argument("--samples", type=_positive_int, help="dataset size (default 50000)")
+    common.add_argument("--train-fraction", type=_fraction, help="train split (default 0.64)")
+    common.add_argument("--seed", type=_non_negative_int, help="data and init seed (default 0)")
+    length = common.add_mutually_exclusive_group()
+    length.add_argument("--iterations", type=_positive_int, help="iterations per run")
+    length.add_argument("--epochs", type=_positive_float, help="epochs per run")
+    common.add_argument(
+        "--forward-every",
+        type=_positive_int,
+        help="time the forward alone every N iterations (default 1)",
+    )
+    common.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
+    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
+    common.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    train_parser = commands.add_parser(
+        "train", parents=[common], help="train with each method (Fig. 7)"
+    )
+    train_parser.add_argument("--length", type=_positive_int, help="sequence length T")
+    train_parser.add_argument("--batch", type=_positive_int, help="batch size B")
+    train_parser.add_argument(
+        "--eval-samples", type=_non_negative_int, help="test samples per evaluation (0: none)"
+    )
+    train_parser.add_argument(
+        "--checkpoint-every", type=_positive_int, default=100, help="iterations (default 100)"
+    )
+
+    sweep_parser = commands.add_parser(
+        "sweep", parents=[common], help="speed sweeps over T and B (Fig. 8)"
+    )
+    sweep_parser.add_argument(
+        "which", nargs="?", choices=("t", "b", "both"), default="both", help="default: both"
+    )
+    sweep_parser.add_argument("--lengths", type=_positive_int, nargs="+", help="T sweep")
+    sweep_parser.add_argument("--batches", type=_positive_int, nargs="+", help="B sweep")
+    sweep_parser.add_argument("--sweep-batch", type=_positive_int, help="B of the T sweep")
+    sweep_parser.add_argument("--sweep-length", type=_positive_int, help="T of the B sweep")
+    return parser
+
+
+def _config(args: argparse.Namespace, base: Config) -> Config:
+    overrides = dict(
+        hidden=args.hidden,
+        lr=args.lr,
+        num_samples=args.samples,
+        train_fraction=args.train_fraction,
+        seed=args.seed,
+        forward_every=args.forward_every,
+        length=getattr(args, "length", None),
+        batch=getattr(args, "batch", None),
+        eval_samples=getattr(args, "eval_samples", None),
+    )
+    config = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    if args.iterations is not None:
+        config = dataclasses.replace(config, iterations=args.iterations, epochs=None)
+    elif args.epochs is not None:
+        config = dataclasses.replace(config, iterations=None, epochs=args.epochs)
+    return config
+
+
+def _check(parser: argparse.ArgumentParser, config: Config, batches: Sequence[int]) -> None:
+    """Fails with the argument's name before any heavy work."""
+    try:
+        data = config.data()
+    except ValueError as error:
+        parser.error(f"argument --samples/--train-fraction/--seed: {error}")
+    for batch in batches:
+        if batch > data.size("train"):
+            parser.error(
+                f"argument --batch/--batches: batch size {batch} exceeds the training split "
+                f"({data.size('train')} samples)"
+            )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    preset = PRESETS["paper" if args.paper else "quick"]
+    progress = False if args.no_progress else None
+    folder = args.out / (args.name or f"{args.command}-{preset.name}")
+    methods = list(dict.fromkeys(args.methods))
+
+    if args.command == "train":
+        config = _config(args, preset.train)
+        _check(parser, config, [config.batch])
+        print(f"training {', '.join(methods)}: {config} -> {folder}", flush=True)
+        runs = train(
+            config,
+            methods,
+            folder,
+            checkpoint_every=args.checkpoint_every,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+        print(_report.loss_table(runs))
+        print(_report.timing_table(compare(runs, skip=1)))
+        return 0
+
+    config = _config(args, preset.sweep)
+    config = dataclasses.replace(
+        config,
+        length=args.sweep_length or preset.sweep_length,
+        batch=args.sweep_batch or preset.sweep_batch,
+    )
+    points = sweep_points(
+        args.which,
+        args.lengths or preset.lengths,
+        args.batches or preset.batches,
+        batch=config.batch,
+        length=config.length,
+    )
+    _check(parser, config, [p["batch"] for p in points])
+    print(f"sweep {args.which} ({len(points)} points): {config} -> {folder}", flush=True)
+    rows = sweep(
+        points,
+        config,
+        methods,
+        folder,
+        overwrite=args.overwrite,
+        progress=progress,
+        on_point=lambda row: print(_report.sweep_table([row]).split("\n", 1)[1], flush=True),
+    )
+    print(_report.sweep_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Fig. 7: training loss of the RNN on synthetic bitstreams against wall-clock time, BP vs BPPSA.
+
+Reads ``<run>/<method>/metrics.jsonl`` of every method trained by
+``python -m experiments.rnn_synthetic train`` (the paper: T = 1000, B = 16) and draws the
+per-iteration training loss against the cumulative time of the training steps (left), and
+against the iteration (right, where the curves of an exact method coincide).
+
+Run: ``python -m paper_figures.fig7 results/rnn_synthetic/train-quick [--out DIR]``; writes
+``fig7.png`` and ``fig7.pdf`` (default folder: ``<run>/figures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from paper_figures import _style
+
+METRICS = "metrics.jsonl"
+
+
+def load_runs(run_dir: str | pathlib.Path) -> dict[str, list[dict]]:
+    """``{method: rows}`` of the method folders under ``run_dir`` (BP first).
+
+    Raises:
+        FileNotFoundError: when ``run_dir`` has no ``<method>/metrics.jsonl``.
+    """
+    run_dir = pathlib.Path(run_dir)
+    paths = sorted(run_dir.glob(f"*/{METRICS}"))
+    if not paths:
+        raise FileNotFoundError(f"no <method>/{METRICS} under {run_dir}")
+    runs = {path.parent.name: _style.read_rows(path) for path in paths}
+    return dict(sorted(runs.items(), key=lambda item: item[0] != _style.BASELINE))
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over up to ``window`` values (shorter at the start)."""
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(values) + 1), window)
+    ends = np.arange(1, len(values) + 1)
+    return (sums[ends] - sums[ends - counts]) / counts
+
+
+def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
+    """The figure of ``runs`` (``{method: rows}``); ``smooth``: moving-average window."""
+    meta = next(r for rows in runs.values() for r in rows if r.get("kind") == "session")
+    config = meta["config"]
+    fig, (ax_time, ax_iter) = plt.subplots(1, 2, figsize=(11, 4.4))
+    longest = 1
+    for index, (method, rows) in enumerate(runs.items()):
+        steps = sorted((r for r in rows if r.get("kind") == "step"), key=lambda r: r["iteration"])
+        if not steps:
+            continue
+        resolved = next(
+            (r["config"].get("resolved") for r in rows if r.get("kind") == "session"), None
+        )
+        loss = np.array([r["loss"] for r in steps])
+        wall = np.array([r["wall_clock_s"] for r in steps])
+        iteration = np.array([r["iteration"] for r in steps])
+        window = smooth or max(1, len(steps) // 30)
+        longest = max(longest, len(steps))
+        c = _style.color(method, index)
+        name = _style.label(method, resolved)
+        # Dashes on the later curves keep a curve visible where it lies on top of another.
+        dash = "-" if index == 0 else (0, (4, 3))
+        for ax, x in ((ax_time, wall), (ax_iter, iteration)):
+            ax.plot(x, loss, color=c, alpha=0.18, linewidth=0.6)
+            ax.plot(
+                x,
+                moving_average(loss, window),
+                color=c,
+                linewidth=2,
+                linestyle=dash,
+                label=f"{name}: {wall[-1]:.1f} s for {len(steps)} it.",
+            )
+    ax_time.set_xlabel("wall-clock time of the training steps (s)")
+    ax_iter.set_xlabel("iteration")
+    for ax in (ax_time, ax_iter):
+        ax.set_ylabel("training loss (cross-entropy, mini-batch)")
+        ax.legend(loc="upper right")
+    ax_time.set_title("(a) loss vs wall-clock time")
+    ax_iter.set_title("(b) loss vs iteration (the curves coincide)")
+    fig.suptitle(
+        f"Fig. 7: RNN on synthetic bitstreams, T = {config['length']}, B = {config['batch']}, "
+        f"H = {config['hidden']}, Adam lr = {config['lr']:g} | {_style.machine(meta)}"
+    )
+    _style.caption(
+        fig,
+        "Thin: per-iteration mini-batch loss; thick: its trailing moving average. Wall-clock "
+        "time: cumulative time of the jitted training steps (value_and_grad + Adam update), "
+        "without data generation, evaluation and logging. Same seed, data order and "
+        f"initialization for every method. {_style.software(meta)}.",
+    )
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
+    parser = argparse.ArgumentParser(
+        prog="python -m paper_figures.fig7", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("run", type=pathlib.Path, help="folder holding <method>/metrics.jsonl")
+    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
+    parser.add_argument("--smooth", type=int, help="moving-average window (iterations)")
+    args = parser.parse_args(argv)
+    if args.smooth is not None and args.smooth < 1:
+        parser.error(f"argument --smooth: expected a positive integer, got {args.smooth}")
+    try:
+        runs = load_runs(args.run)
+    except FileNotFoundError as error:
+        parser.error(f"argument run: {error}")
+    paths = _style.save(draw(runs, args.smooth), args.out or args.run / "figures", "fig7")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Fig. 8: speed of BPPSA against BP for the RNN on synthetic bitstreams, over the sequence
+length T (at B = 16; panels a-c) and over the fraction of the device per sample 1/B (at
+T = 1000; panels d-f).
+
+Reads ``sweep.jsonl`` written by ``python -m experiments.rnn_synthetic sweep``. Per row of
+panels: (a, d) backward time per iteration of every method; (b, e) backward speedup over BP,
+log scale; (c, f) runtime per iteration split into forward, backward and optimizer update,
+normalized by BP's. A sweep that covers only T or only B gets only its row.
+
+Run: ``python -m paper_figures.fig8 results/rnn_synthetic/sweep-quick [--out DIR]``; writes
+``fig8.png`` and ``fig8.pdf`` (default folder: ``<sweep>/figures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from paper_figures import _style
+
+SWEEP_LOG = "sweep.jsonl"
+
+
+def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
+    """The first metadata row and the point rows (the last row of each point) of a sweep.
+
+    Raises:
+        FileNotFoundError: when there is no ``sweep.jsonl``.
+        ValueError: when it holds no finished point.
+    """
+    path = pathlib.Path(path)
+    rows = _style.read_rows(path / SWEEP_LOG if path.is_dir() else path)
+    meta = next((r for r in rows if r.get("kind") == "sweep"), {})
+    points = {}
+    for row in rows:
+        if row.get("kind") == "point":
+            p = row["point"]
+            points[(p["sweep"], p["length"], p["batch"])] = row
+    if not points:
+        raise ValueError(f"{path} holds no finished sweep point yet")
+    return meta, list(points.values())
+
+
+def _methods(points: list[dict]) -> list[str]:
+    names = list(dict.fromkeys(name for row in points for name in row["methods"]))
+    return sorted(names, key=lambda name: name != _style.BASELINE)
+
+
+def _log_bars(ax, positions, values_by_method, methods, resolved, order, include=()):
+    """Grouped bars per method on a log axis spanning the data and ``include`` (e.g. 1), with
+    room above for the legend. Bars rise from the axis' bottom."""
+    width = 0.8 / max(len(methods), 1)
+    finite = list(include)
+    for index, method in enumerate(methods):
+        values = np.array([np.nan if v is None else v for v in values_by_method[method]], float)
+        values[values <= 0] = np.nan  # a noisy non-positive value has no place on a log axis
+        finite += [v for v in values if np.isfinite(v)]
+        offset = (index - (len(methods) - 1) / 2) * width
+        ax.bar(
+            positions + offset,
+            values,
+            width,
+            color=_style.color(method, order.index(method)),
+            label=_style.label(method, resolved.get(method)),
+        )
+    _style.plain_log_axis(ax)
+    if finite:
+        ax.set_ylim(min(finite) / 2, max(finite) * 4)
+
+
+def _row(axes, points, methods, resolved, sweep, letters):
+    """Three panels of one sweep."""
+    if sweep == "T":
+        points = sorted(points, key=lambda r: r["point"]["length"])
+        ticks = [_count(r["point"]["length"]) for r in points]
+        xlabel = f"sequence length T (B = {points[0]['point']['batch']})"
+    else:
+        points = sorted(points, key=lambda r: -r["point"]["batch"])
+        ticks = [f"1/{r['point']['batch']}" for r in points]
+        xlabel = (
+            f"fraction of the device per sample, 1/B (T = {_count(points[0]['point']['length'])})"
+        )
+    x = np.arange(len(points))
+
+    def values(key, method):
+        return [row["methods"].get(method, {}).get(key) for row in points]
+
+    ax_time, ax_speedup, ax_breakdown = axes
+    backward_ms = {
+        m: [None if v is None else 1e3 * v for v in values("backward_s", m)] for m in methods
+    }
+    _log_bars(ax_time, x, backward_ms, methods, resolved, methods)
+    ax_time.set_ylabel("backward time per iteration (ms, log scale)")
+    ax_time.set_title(f"({letters[0]}) backward runtime per iteration")
+
+    others = [m for m in methods if m != _style.BASELINE]
+    speedups = {m: values("backward_speedup", m) for m in others}
+    _log_bars(ax_speedup, x, speedups, others, resolved, methods, include=(1.0,))
+    _style.baseline_line(ax_speedup)
+    ax_speedup.set_ylabel("backward speedup over BP (×, log scale)")
+    ax_speedup.set_title(f"({letters[1]}) backward speedup")
+
+    _breakdown(ax_breakdown, x, points, methods)
+    ax_breakdown.set_ylabel("runtime per iteration / BP's")
+    ax_breakdown.set_title(f"({letters[2]}) normalized runtime breakdown")
+    for ax in axes:
+        ax.set_xticks(x, ticks)
+        ax.set_xlabel(xlabel)
+    ax_time.legend(loc="best")
+    ax_speedup.legend(loc="best")
+    ax_breakdown.legend(loc="upper center", ncol=2, fontsize=7)
+
+
+def _breakdown(ax, x, points, methods):
+    """Stacked forward / backward / update per method, normalized by BP's iteration."""
+    width = 0.8 / max(len(methods), 1)
+    tops = [1.0]
+    for index, method in enumerate(methods):
+        offset = (index - (len(methods) - 1) / 2) * width
+        fwd, bwd, upd = [], [], []
+        for row in points:
+            base = row["methods"].get(_style.BASELINE, row["methods"][method])["step_s"]
+            m = row["methods"].get(method, {})
+            if not m or row["forward_s"] is None or m.get("backward_s") is None:
+                fwd.append(np.nan), bwd.append(np.nan), upd.append(np.nan)
+                continue
+            fwd.append(row["forward_s"] / base)
+            bwd.append(m["backward_s"] / base)
+            upd.append(max(m["step_s"] - row["forward_s"] - m["backward_s"], 0.0) / base)
+        c = _style.color(method, index)
+        name = _style.short(method)
+        tops.extend(np.add(np.add(fwd, bwd), upd))
+        ax.bar(
+            x + offset,
+            fwd,
+            width,
+            color="white",
+            edgecolor=c,
+            hatch=_style.FORWARD_HATCH,
+            label=f"{name}: forward",
+        )
+        ax.bar(x + offset, bwd, width, bottom=fwd, color=c, label=f"{name}: backward")
+        ax.bar(
+            x + offset,
+            upd,
+            width,
+            bottom=np.add(fwd, bwd),
+            color=c,
+            alpha=0.35,
+            label=f"{name}: update",
+        )
+    _style.baseline_line(ax)
+    ax.set_ylim(0, 1.6 * np.nanmax(tops))  # room for the legend above the bars
+
+
+def _count(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
+def draw(meta: dict, points: list[dict]) -> plt.Figure:
+    """The figure of a sweep's point rows (one row of panels per sweep present)."""
+    methods = _methods(points)
+    config = meta.get("config", {})
+    resolved = config.get("resolved", {})
+    sweeps = [s for s in ("T", "B") if any(r["point"]["sweep"] == s for r in points)]
+    fig, axes = plt.subplots(len(sweeps), 3, figsize=(15, 4.6 * len(sweeps)), squeeze=False)
+    for row_axes, sweep in zip(axes, sweeps):
+        letters = "abc" if sweep == "T" else "def"
+        rows = [r for r in points if r["point"]["sweep"] == sweep]
+        _row(row_axes, rows, methods, resolved, sweep, letters)
+    counts = sorted({m["iterations"] for r in points for m in r["methods"].values()})
+    span = (
+        "?"
+        if not counts
+        else str(counts[0])
+        if counts[0] == counts[-1]
+        else (f"{counts[0]}-{counts[-1]}")
+    )
+    fig.suptitle(
+        f"Fig. 8: RNN on synthetic bitstreams (H = {config.get('hidden', '?')}), BP vs BPPSA "
+        f"| {_style.machine(meta)}"
+    )
+    _style.caption(
+        fig,
+        f"Times of each phase are medians over {span} timed training iterations per point and "
+        "method (methods run in lockstep, after compilation and a warm-up call); an iteration "
+        "is the sum of its phases. Forward: the jitted loss alone; backward = value_and_grad - "
+        "forward; update: Adam. Backward speedup = (t_BP - t_fwd) / (t_method - t_fwd), with "
+        f"t = value_and_grad. {_style.software(meta)}.",
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
+    parser = argparse.ArgumentParser(
+        prog="python -m paper_figures.fig8", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("sweep", type=pathlib.Path, help="sweep folder or its sweep.jsonl")
+    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <sweep>/figures)")
+    args = parser.parse_args(argv)
+    try:
+        meta, points = load_sweep(args.sweep)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(f"argument sweep: {error}")
+    folder = args.sweep if args.sweep.is_dir() else args.sweep.parent
+    paths = _style.save(draw(meta, points), args.out or folder / "figures", "fig8")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+if __name__ == "__main__":
+    main()
