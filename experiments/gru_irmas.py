@@ -1,0 +1,328 @@
+"""Paper experiment 2: a GRU classifier on IRMAS MFCC sequences, trained by back-propagation (BP)
+and by BPPSA (Wang, Bai & Pekhimenko, MLSys 2020, Figs. 9 and 13).
+
+The model: a GRU with hidden size 20 over the MFCC frames of a 3 s stereo clip, a linear head on
+the last state, 11 classes, cross-entropy, Adam with learning rate 3e-4 (all configurable). The
+data: the IRMAS training set read by :mod:`bppsa.data.irmas` in the variants S (259 frames x 38
+features), M (517 x 24) and L (1034 x 12); features are cached under ``--cache-dir``.
+
+Commands:
+    breakdown  Fig. 9: for every variant and batch size (16, 32, 64), the medians over
+               ``--repeats`` interleaved rounds of the forward, the forward overhead of building
+               the Jacobians, and BPPSA's and BP's backward (see experiments/_irmas_breakdown.py);
+    train      Fig. 13: trains BP and BPPSA in lockstep on the same batches for every variant
+               at batch 16, logging loss and wall-clock per iteration and the training-set loss
+               and accuracy at the end of every epoch;
+    fixture    writes a small SYNTHETIC dataset in the exact IRMAS layout (NOT IRMAS);
+    smoke      the whole pipeline on such a fixture: fixture, breakdown, train and both figures.
+
+Configurations: ``--quick`` (the default: a few hundred iterations, for a CPU) and ``--paper``
+(the artifact's 400 epochs; for a GPU). Any option overrides the configuration's value.
+
+Results go to ``<out>/<name>/`` (default ``results/gru_irmas/<command>-<config>/``):
+``breakdown.jsonl``, or per variant ``<variant>-B<batch>/<method>/{metrics.jsonl,
+checkpoint.npz}``. Rerunning the same command resumes where it stopped. Draw the figures with
+``python -m paper_figures.fig9 <breakdown run>`` and ``python -m paper_figures.fig13 <train run>``.
+
+Examples:
+    python -m experiments.gru_irmas smoke
+    python -m experiments.gru_irmas breakdown --data ~/data/IRMAS-TrainingData
+    python -m experiments.gru_irmas train --data ~/data/IRMAS-TrainingData --paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import sys
+from collections.abc import Sequence
+
+from bppsa.data import irmas, irmas_fixture
+from experiments import _irmas_breakdown, _methods, _report
+from experiments._irmas_breakdown import ResultsFolderError
+from experiments._irmas_data import Clips, load_clips
+from experiments._irmas_runs import PRESETS, Config, breakdown, train
+from experiments._sweep import compare
+
+__all__ = ["PRESETS", "Config", "breakdown", "main", "train"]
+
+DEFAULT_OUT = pathlib.Path("results/gru_irmas")
+DEFAULT_CACHE = DEFAULT_OUT / "features"
+FIXTURE_CLIPS = 6  # per class: 66 clips, enough for a batch of 64
+SYNTHETIC_NOTE = "SYNTHETIC fixture (tones in the IRMAS layout), NOT IRMAS"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    return 0 if text.strip() == "0" else _positive_int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _variant(text: str) -> str:
+    try:
+        return irmas.resolve_variant(text).name
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _method_name(text: str) -> str:
+    try:
+        _methods.parse_method(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.gru_irmas",
+        description=__doc__.split("\n\n")[0],
+        epilog="Run '<command> --help' for a command's options.",
+    )
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{breakdown,train,fixture,smoke}"
+    )
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
+    out.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("--hidden", type=_positive_int, help="GRU hidden size (default 20)")
+    model.add_argument("--seed", type=_non_negative_int, help="init and data-order seed (0)")
+    model.add_argument(
+        "--variants", nargs="+", type=_variant, metavar="V", help="MFCC variants (S M L)"
+    )
+    model.add_argument("--workers", type=_positive_int, default=1, help="feature processes")
+    model.add_argument(
+        "--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE, help="feature cache folder"
+    )
+    model.add_argument("--no-cache", action="store_true", help="neither read nor write it")
+    model.add_argument("--strict", action="store_true", help="fail on a bad clip (else skip)")
+    common = argparse.ArgumentParser(add_help=False, parents=[out, model])
+    common.add_argument("--data", type=pathlib.Path, required=True, help="IRMAS training root")
+    size = common.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small configuration (default)")
+    size.add_argument("--paper", action="store_true", help="the artifact's sizes (for a GPU)")
+    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
+
+    b = commands.add_parser("breakdown", parents=[common], help="runtime breakdown (Fig. 9)")
+    b.add_argument("--batches", type=_positive_int, nargs="+", help="batch sizes (16 32 64)")
+    b.add_argument("--repeats", type=_positive_int, help="timed rounds per point")
+    b.add_argument(
+        "--method",
+        type=_method_name,
+        default="bppsa",
+        help="the BPPSA method: bppsa (bppsa.Auto()), blelloch, chunked, chunked-C",
+    )
+
+    t = commands.add_parser("train", parents=[common], help="training curves (Fig. 13)")
+    t.add_argument("--batch", type=_positive_int, help="batch size (default 16)")
+    t.add_argument("--lr", type=_positive_float, help="Adam learning rate (default 3e-4)")
+    length = t.add_mutually_exclusive_group()
+    length.add_argument("--iterations", type=_positive_int, help="iterations per run")
+    length.add_argument("--epochs", type=_positive_float, help="epochs per run")
+    t.add_argument(
+        "--methods",
+        "--method",
+        dest="methods",
+        nargs="+",
+        type=_method_name,
+        default=["bp", "bppsa"],
+        metavar="NAME",
+        help="backward methods (default: bp bppsa)",
+    )
+    t.add_argument("--no-eval", action="store_true", help="no training-set evaluation")
+    t.add_argument(
+        "--checkpoint-every", type=_positive_int, default=100, help="iterations (default 100)"
+    )
+
+    f = commands.add_parser("fixture", help="write a SYNTHETIC fixture in the IRMAS layout")
+    f.add_argument("--out", type=pathlib.Path, required=True, help="the fixture's root folder")
+    f.add_argument("--clips-per-class", type=_positive_int, default=FIXTURE_CLIPS, help="default 6")
+    f.add_argument("--seed", type=_non_negative_int, default=0, help="default 0")
+
+    commands.add_parser(
+        "smoke", parents=[out, model], help="fixture + breakdown + train + figures (minutes)"
+    )
+    return parser
+
+
+def _check_data(parser: argparse.ArgumentParser, root: pathlib.Path, batches: Sequence[int]):
+    """Fails with the argument's name before any feature is computed."""
+    try:
+        clips, _ = irmas.find_clips(root)
+    except (OSError, irmas.IrmasError) as error:
+        parser.error(f"argument --data: {error}")
+    if max(batches) > len(clips):
+        parser.error(
+            f"argument --batch/--batches: batch size {max(batches)} exceeds the {len(clips)} "
+            f"clips under {root}"
+        )
+
+
+def _load(args, root: pathlib.Path, variants: Sequence[str], seed: int) -> dict[str, Clips]:
+    cache = None if args.no_cache else args.cache_dir
+    loaded = {}
+    for v in variants:
+        loaded[v] = load_clips(
+            root,
+            v,
+            seed=seed,
+            cache_dir=cache,
+            workers=args.workers,
+            strict=args.strict,
+            progress=not args.no_progress,
+        )
+        features = loaded[v].features
+        note = f" ({SYNTHETIC_NOTE})" if features.synthetic else ""
+        print(
+            f"{v}: {len(features)} clips x {loaded[v].frames} frames x {loaded[v].num_features}"
+            f" features, {len(features.skipped)} skipped{note}",
+            flush=True,
+        )
+    return loaded
+
+
+def _check_usable(parser, clips: dict[str, Clips], batches: Sequence[int]) -> None:
+    """After skipping bad clips: is there still a full batch of the largest size?"""
+    for v, data in clips.items():
+        if max(batches) > len(data):
+            parser.error(
+                f"argument --batch/--batches: batch size {max(batches)} exceeds the "
+                f"{len(data)} usable clips of variant {v}"
+            )
+
+
+def _run_breakdown(args, clips, batches, folder, repeats, method, progress) -> None:
+    print(f"breakdown {', '.join(clips)} x B {batches} ({repeats} rounds) -> {folder}")
+    rows = breakdown(
+        clips,
+        batches,
+        folder,
+        hidden=args.hidden or 20,
+        seed=args.seed or 0,
+        repeats=repeats,
+        method=method,
+        overwrite=args.overwrite,
+        progress=progress,
+    )
+    print(_irmas_breakdown.table(rows))
+
+
+def _run_train(args, clips, config, methods, folder, checkpoint_every, progress) -> None:
+    for v, data in clips.items():
+        at = dataclasses.replace(config, variant=v)
+        run_dir = folder / f"{v}-B{at.batch}"
+        print(f"training {', '.join(methods)}: {at} -> {run_dir}", flush=True)
+        runs = train(
+            at,
+            data,
+            methods,
+            run_dir,
+            checkpoint_every=checkpoint_every,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+        print(_report.loss_table(runs))
+        print(_report.timing_table(compare(runs, skip=1)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "fixture":
+        try:
+            paths = irmas_fixture.write_fixture(args.out, args.clips_per_class, seed=args.seed)
+        except (FileExistsError, ValueError) as error:
+            parser.error(f"argument --out: {error}")
+        print(f"wrote {len(paths)} clips to {args.out}: {SYNTHETIC_NOTE}")
+        return 0
+    try:
+        return _run(parser, args)
+    except (irmas.IrmasError, ResultsFolderError) as error:  # found only once loaded/opened
+        parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    progress = False if args.no_progress else None
+    if args.command == "smoke":
+        return _smoke(args, progress)
+
+    preset = PRESETS["paper" if args.paper else "quick"]
+    folder = args.out / (args.name or f"{args.command}-{preset.name}")
+    variants = list(dict.fromkeys(args.variants or preset.variants))
+    if args.command == "breakdown":
+        batches = list(dict.fromkeys(args.batches or preset.batches))
+        _check_data(parser, args.data, batches)
+        clips = _load(args, args.data, variants, args.seed or 0)
+        _check_usable(parser, clips, batches)
+        _run_breakdown(
+            args, clips, batches, folder, args.repeats or preset.repeats, args.method, progress
+        )
+        return 0
+    config = _config(args, preset.train)
+    _check_data(parser, args.data, [config.batch])
+    clips = _load(args, args.data, variants, config.seed)
+    _check_usable(parser, clips, [config.batch])
+    methods = list(dict.fromkeys(args.methods))
+    _run_train(args, clips, config, methods, folder, args.checkpoint_every, progress)
+    return 0
+
+
+def _config(args: argparse.Namespace, base: Config) -> Config:
+    overrides = dict(hidden=args.hidden, lr=args.lr, seed=args.seed, batch=args.batch)
+    config = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    if args.no_eval:
+        config = dataclasses.replace(config, evaluate=False)
+    if args.iterations is not None:
+        config = dataclasses.replace(config, iterations=args.iterations, epochs=None)
+    elif args.epochs is not None:
+        config = dataclasses.replace(config, iterations=None, epochs=args.epochs)
+    return config
+
+
+def _smoke(args, progress) -> int:
+    """Fixture, breakdown, training and both figures under ``<out>/smoke/``."""
+    from paper_figures import fig9, fig13
+
+    preset = PRESETS["smoke"]
+    folder = args.out / "smoke"
+    root = folder / "fixture"
+    print(f"smoke run on a {SYNTHETIC_NOTE}: {root}", flush=True)
+    if args.overwrite or not (root / irmas.SYNTHETIC_MARKER).exists():
+        irmas_fixture.write_fixture(root, FIXTURE_CLIPS, seed=0)
+    variants = list(dict.fromkeys(args.variants or preset.variants))
+    clips = _load(args, root, variants, args.seed or 0)
+    _run_breakdown(
+        args, clips, list(preset.batches), folder / "breakdown", preset.repeats, "bppsa", progress
+    )
+    config = dataclasses.replace(
+        preset.train, hidden=args.hidden or 20, seed=args.seed or 0, evaluate=True
+    )
+    _run_train(args, clips, config, ["bp", "bppsa"], folder / "train", 100, progress)
+    fig9.main([str(folder / "breakdown"), "--out", str(folder / "figures")])
+    fig13.main([str(folder / "train"), "--out", str(folder / "figures")])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Fig. 9: runtime breakdown of a training iteration of the GRU on IRMAS features, BPPSA vs BP,
+for the variants S, M, L (rows) and batch sizes 16, 32, 64 (columns).
+
+Reads ``breakdown.jsonl`` written by ``python -m experiments.gru_irmas breakdown``. In each
+panel, normalized by BP's forward + backward: the BPPSA bar stacks the forward (FP), BPPSA's
+backward scan and parameter gradients, and the forward overhead of building the transposed
+Jacobians (FO); the BP bar stacks the forward and BP's backward. The numbers above the bars are
+milliseconds and BPPSA's backward speedup ``BP bwd / (BPPSA bwd + FO)``.
+
+Run: ``python -m paper_figures.fig9 results/gru_irmas/breakdown-quick [--out DIR]``; writes
+``fig9.png`` and ``fig9.pdf`` (default folder: ``<run>/figures``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+
+from paper_figures import _style
+
+BREAKDOWN_LOG = "breakdown.jsonl"
+VARIANTS = ("S", "M", "L")
+FO_COLOR = "#2ca02c"
+FP_COLOR = "#ff7f0e"
+
+
+def load_breakdown(path: str | pathlib.Path) -> tuple[dict, dict[tuple[str, int], dict]]:
+    """The first metadata row, and the last point row of each ``(variant, batch)``.
+
+    Raises:
+        FileNotFoundError: when there is no ``breakdown.jsonl``.
+        ValueError: when it holds no measured point.
+    """
+    path = pathlib.Path(path)
+    rows = _style.read_rows(path / BREAKDOWN_LOG if path.is_dir() else path)
+    meta = next((r for r in rows if r.get("kind") == "sweep"), {})
+    points = {
+        (r["point"]["variant"], r["point"]["batch"]): r for r in rows if r.get("kind") == "point"
+    }
+    if not points:
+        raise ValueError(f"{path} holds no measured point yet")
+    return meta, points
+
+
+def synthetic(meta: dict) -> bool:
+    """Whether any variant of the run was measured on the synthetic fixture."""
+    data = meta.get("config", {}).get("data", {})
+    return any(entry.get("synthetic") for entry in data.values())
+
+
+def _panel(ax: plt.Axes, row: dict) -> None:
+    total = row["bp_s"]
+    fp = row["forward_s"] / total
+    fo = max(row["jacobians_s"], 0.0) / total
+    scan = max(row["bppsa_backward_s"], 0.0) / total
+    bp = row["bp_backward_s"] / total
+    hatch = _style.FORWARD_HATCH
+    ax.bar(0, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white", label="FP (forward)")
+    ax.bar(0, scan, 0.6, bottom=fp, color=_style.color("bppsa"), label="BPPSA backward")
+    ax.bar(0, fo, 0.6, bottom=fp + scan, color=FO_COLOR, label="FO (building Jacobians)")
+    ax.bar(1, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white")
+    ax.bar(1, bp, 0.6, bottom=fp, color=_style.color("bp"), label="BP backward")
+    speedup = row["bp_backward_s"] / max(row["jacobians_s"] + row["bppsa_backward_s"], 1e-12)
+    for x, seconds in ((0, row["bppsa_s"]), (1, row["bp_s"])):
+        height = seconds / total
+        ax.text(x, height + 0.02, f"{1e3 * seconds:.1f} ms", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks([0, 1], ["BPPSA", "BP"])
+    ax.text(
+        0.5, 0.97, f"bwd {speedup:.2f}x", transform=ax.transAxes, ha="center", va="top", fontsize=8
+    )
+
+
+def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
+    """The 3 x 3 grid (variants x batch sizes) of ``points``."""
+    variants = [v for v in VARIANTS if any(p[0] == v for p in points)]
+    batches = sorted({b for _, b in points})
+    fig, axes = plt.subplots(
+        len(variants),
+        len(batches),
+        figsize=(2.6 * len(batches) + 1.2, 2.4 * len(variants) + 1.4),
+        sharey=True,
+        squeeze=False,
+    )
+    top = 0.0
+    for i, v in enumerate(variants):
+        for j, b in enumerate(batches):
+            ax = axes[i][j]
+            row = points.get((v, b))
+            if row is None:
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+                ax.set_xticks([])
+                continue
+            _panel(ax, row)
+            top = max(top, row["bppsa_s"] / row["bp_s"], 1.0)
+            if i == 0:
+                ax.set_title(f"batch size {b}")
+            if j == 0:
+                shape = f"T={row.get('frames', '?')}, F={row.get('features', '?')}"
+                ax.set_ylabel(f"{v} ({shape})\nruntime / BP total")
+    axes[0][0].set_ylim(0, 1.25 * top)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.065))
+    note = " | SYNTHETIC FIXTURE, NOT IRMAS" if synthetic(meta) else ""
+    config = meta.get("config", {})
+    resolved = next((r.get("resolved") for r in points.values() if r.get("resolved")), None)
+    fig.suptitle(
+        f"Fig. 9: GRU (H = {config.get('hidden', '?')}) on IRMAS MFCCs, runtime breakdown"
+        f"{note}\n{_style.machine(meta)}",
+        y=0.995,
+        va="top",
+    )
+    _style.caption(
+        fig,
+        f"Medians of {config.get('repeats', '?')} interleaved rounds per panel; normalized by "
+        "BP's forward + backward. FP: jitted loss. FO: forward keeping every state plus every "
+        "step's transposed Jacobian (bppsa.jacobians.gru_jacobian_t, all steps at once) minus FP. "
+        "BPPSA backward: bppsa.value_and_grad total - FP - FO. BP backward: jax.grad through "
+        f"lax.scan total - FP. Optimizer update excluded. Method: {_style.label('bppsa', resolved)}"
+        f". {_style.software(meta)}.",
+    )
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
+    parser = argparse.ArgumentParser(
+        prog="python -m paper_figures.fig9", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("run", type=pathlib.Path, help="folder holding breakdown.jsonl")
+    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
+    args = parser.parse_args(argv)
+    try:
+        meta, points = load_breakdown(args.run)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(f"argument run: {error}")
+    folder = args.run if args.run.is_dir() else args.run.parent
+    paths = _style.save(draw(meta, points), args.out or folder / "figures", "fig9")
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return paths
+
+
+if __name__ == "__main__":
+    main()
