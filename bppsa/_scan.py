@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -11,11 +13,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from bppsa import _forward_mode
+from bppsa import _arguments, _debug, _forward_mode, _memory
+from bppsa._batching import vmapped_batch_size
 from bppsa._carry import Layout, is_float, unstacked, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
 from bppsa.jacobians._stacked import steps_with_jacobians
-from bppsa.scan import Method, resolve
+from bppsa.scan import Method, Sequential, resolve
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -30,6 +33,8 @@ def scan(
     reverse: bool = False,
     *,
     method: Method | str | None = None,
+    memory_limit: float | None = None,
+    check_finite: bool | None = None,
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
@@ -49,9 +54,27 @@ def scan(
         reverse: scan from the end of ``xs`` to its start, as in ``lax.scan``.
         method: backward method, e.g. ``bppsa.Blelloch()`` or ``"sequential"``. ``None`` uses
             the method of the enclosing :func:`bppsa.grad`, else ``bppsa.Auto()``.
+        memory_limit: bytes the backward pass of this scan may use (``None``: the limit of the
+            enclosing :func:`bppsa.grad`, else the default device's available memory;
+            ``math.inf``: no check). When the backward is traced, the method's memory is
+            estimated for this scan (``T``, the carry and Jacobian sizes, the dtype and the
+            ``jax.vmap`` batch it is traced under); over the limit, ``bppsa.Auto()`` falls back
+            to a lower-memory method and an explicit method raises
+            :class:`bppsa.MemoryLimitError`, which lists the alternatives that fit.
+        check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
+            or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest
+            step whose Jacobian is not finite and the latest step where a non-finite cotangent
+            arises (see :mod:`bppsa._debug`). ``None``: the setting of the enclosing
+            :func:`bppsa.grad`, else False. Without it, non-finite values propagate as in
+            ``jax.grad``.
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
+
+    Raises:
+        TypeError, ValueError: for arguments ``jax.lax.scan`` rejects (in its words), a carry
+            with complex leaves and an explicit parallel method, or a bad option.
+        MemoryLimitError: (when the backward pass is traced) see ``memory_limit``.
 
     Works under ``jax.jit``, ``jax.vmap`` (batch by vmapping a scan over one example) and
     reverse mode of any order. With a parallel method, forward mode (``jax.jvp``,
@@ -63,14 +86,18 @@ def scan(
         >>> h_last, hs = bppsa.scan(cell, h0, xs)
     """
     method = resolve(method)
+    limit = _memory.resolve_limit(memory_limit)
+    check = _debug.resolve(check_finite)
     if not callable(f):
         raise TypeError(f"bppsa.scan: f argument should be a callable, got {type(f).__name__}.")
-    out_shape = _check_like_lax_scan(f, init, xs, length, reverse)
+    length = _arguments.check_arguments(init, xs, length)
+    out_shape = _arguments.check_like_lax_scan(f, init, xs, length, reverse)
+    method = _arguments.refuse_complex(method, init)
     if not method.uses_jacobians:
         return lax.scan(f, init, xs, length=length, reverse=reverse)
 
-    init = _promote_weak_types(init, out_shape[0])
-    num_steps = _num_steps(xs, length)
+    init = _arguments.promote_weak_types(init, out_shape[0])
+    num_steps = _arguments.num_steps(xs, length)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     x_example = jax.tree.map(unstacked, xs)
@@ -79,36 +106,77 @@ def scan(
     step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
     _forward_mode.refuse(method, (init, xs, consts))
 
-    run = _differentiable_scan(step, method, num_steps, init, analytic)
+    options = _Options(method, limit, check, reverse)
+    run = _differentiable_scan(step, options, num_steps, init, analytic)
     carry, ys = run(consts, init, xs)
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys
 
 
-def _check_like_lax_scan(f, init, xs, length, reverse):
-    """Runs ``lax.scan``'s own checks (shape-only), so errors read exactly like its errors."""
-    try:
-        return jax.eval_shape(
-            lambda i, x: lax.scan(f, i, x, length=length, reverse=reverse), init, xs
-        )
-    except (TypeError, ValueError) as err:
-        if type(err) not in (TypeError, ValueError):
-            raise
-        raise type(err)(f"bppsa.scan: {err}") from None
+def estimate_memory(
+    f: Callable[[Carry, X], tuple[Carry, Y]],
+    init: Carry,
+    xs: X | None = None,
+    length: int | None = None,
+    *,
+    method: Method | str | None = None,
+    batch: int = 1,
+) -> int:
+    """Estimated peak bytes of ``bppsa.scan(f, init, xs, length)``'s forward and backward.
+
+    The model that the memory guard of :func:`scan` uses (see ``memory_limit`` there): the
+    carries kept for the backward, the stacked Jacobians and per-step arrays of one time block,
+    and the dense products of the parallel scans; fitted to XLA's memory analysis on CPU.
+
+    Args:
+        f, init, xs, length: as for :func:`scan`; arrays or ``jax.ShapeDtypeStruct``.
+        method: the backward method (default ``bppsa.Auto()``, as it would choose on the
+            default backend; ``"sequential"``: plain back-propagation, roughly).
+        batch: examples the scan is ``jax.vmap``-ed over.
+
+    Returns:
+        Bytes.
+
+    Example:
+        >>> spec = jax.ShapeDtypeStruct((30_000, 1), jnp.float32)
+        >>> bppsa.estimate_memory(body, jnp.zeros(20), spec, method="blelloch", batch=16)
+    """
+    method = resolve(method)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}.")
+    length = _arguments.check_arguments(init, xs, length)
+    out_shape = _arguments.check_like_lax_scan(f, init, xs, length, False)
+    method = _arguments.refuse_complex(method, init)
+    init = _arguments.promote_weak_types(init, out_shape[0])
+    num_steps = _arguments.num_steps(xs, length)
+    x_example = jax.tree.map(unstacked, xs)
+    analytic = has_analytic_jacobian(f, init, x_example)
+    step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
+    layout = Layout.of(init, concat_last=analytic)
+    carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct((num_steps, *a.shape), a.dtype), init)
+    _, jac_t = jax.eval_shape(steps_with_jacobians(step, layout, analytic), consts, carries, xs)
+    fp = _memory.footprint(
+        jac_t,
+        state=sum(math.prod(shape) for shape in layout.shapes),
+        length=num_steps,
+        itemsize=jnp.dtype(layout.dtype).itemsize,
+        batch=batch,
+    )
+    return _memory.estimate(method if method.uses_jacobians else Sequential(), fp)
 
 
-def _promote_weak_types(init, carry_out):
-    """Casts weakly typed init leaves (Python scalars) to the carry dtype, as lax.scan does."""
-    return jax.tree.map(lambda x, out: jnp.asarray(x, out.dtype), init, carry_out)
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """What the backward pass of one scan was asked for (fixed when the scan is traced)."""
+
+    method: Method
+    limit: float | None  # bytes; None: the default device's available memory
+    check: bool  # check_finite
+    reverse: bool
 
 
-def _num_steps(xs, length) -> int:
-    leaves = jax.tree.leaves(xs)
-    return int(length) if length is not None else leaves[0].shape[0]
-
-
-def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: bool):
+def _differentiable_scan(step, options: _Options, num_steps: int, init, analytic: bool):
     """``(consts, init, xs) -> (carry, ys)`` with BPPSA as its VJP.
 
     ``step(carry, x, *consts) -> (carry, y, jac_t)`` is the closure-converted body; ``jac_t`` is
@@ -138,23 +206,38 @@ def _differentiable_scan(step, method: Method, num_steps: int, init, analytic: b
     def run_bwd(residuals, cotangents):
         consts, xs, carries_before = residuals
         ct_carry, ct_ys = cotangents
+        (_, ys_shape), jac_shape = jax.eval_shape(all_steps, consts, carries_before, xs)
         if all(isinstance(ct, SymbolicZero) for ct in jax.tree.leaves(ct_ys)):
             ct_ys = None  # only the final carry receives a cotangent
         else:
-            ys_shape = jax.eval_shape(all_steps, consts, carries_before, xs)[0][1]
             ct_ys = _instantiate_tree(ct_ys, ys_shape)
-        if not any(layout.float_mask):  # nothing in the carry is differentiable
+        if not any(math.prod(shape) for shape in layout.shapes):
+            # Nothing in the carry is differentiable (no float leaves, or only empty ones): the
+            # cotangents come from the outputs alone.
             ct_consts, ct_xs = _steps_vjp(all_steps, consts, carries_before, xs, ct_ys)
             return ct_consts, layout.zeros(init), ct_xs
-        span = functools.partial(_span_backward, all_steps, method, layout, consts)
         g_last = layout.pack(_instantiate_tree(ct_carry, init))
+        method = _memory.fit(
+            options.method,
+            _memory.footprint(
+                jac_shape,
+                state=math.prod(g_last.shape),
+                length=num_steps,
+                itemsize=jnp.dtype(g_last.dtype).itemsize,
+                batch=vmapped_batch_size(residuals),
+            ),
+            options.limit,
+        )
+        span = functools.partial(_span_backward, all_steps, method, layout, consts, options.check)
         block = method.block_size(num_steps)
         if block is None or block >= num_steps:
-            g_first, ct_consts, ct_xs = span(carries_before, xs, g_last, ct_ys)
+            g_first, ct_consts, ct_xs, flags = span(carries_before, xs, g_last, ct_ys)
         else:
-            g_first, ct_consts, ct_xs = _blocked(
+            g_first, ct_consts, ct_xs, flags = _blocked(
                 span, block, consts, carries_before, xs, g_last, ct_ys
             )
+        if options.check:
+            _debug.report(flags, g_last, options.reverse)
         return ct_consts, layout.unpack(g_first, init), ct_xs
 
     run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
@@ -184,12 +267,13 @@ def _steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
     return vjp((jax.tree.map(zero_cotangent, carries_after), ct_ys))
 
 
-def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end, ct_ys):
+def _span_backward(all_steps, method, layout, consts, check, carries_before, xs, g_end, ct_ys):
     """Back-propagates ``g_end`` through a span of steps.
 
     One evaluation of all the span's steps at once (parallel in t) gives their VJP and their
     transposed Jacobians; ``method`` scans the Jacobians; the VJP then gives the cotangents of
-    consts (summed over the steps) and xs. Returns ``(g_start, ct_consts, ct_xs)``.
+    consts (summed over the steps) and xs. Returns ``(g_start, ct_consts, ct_xs, flags)``, with
+    ``flags`` the steps' finiteness flags (:mod:`bppsa._debug`) if ``check``, else ``None``.
     """
     if ct_ys is None:  # no VJP w.r.t. the carries is needed
         (carries_after, ys), vjp, jac_t = _vjp_without_carries(
@@ -210,7 +294,8 @@ def _span_backward(all_steps, method, layout, consts, carries_before, xs, g_end,
 
     g = method.scan(g_end, jac_t, offsets)  # [g_start, ..., g_end]
     ct_consts, ct_xs = vjp((layout.unpack(g[1:], carries_before, stacked=True), ct_ys))
-    return g[0], ct_consts, ct_xs
+    flags = _debug.step_flags(jac_t, g, offsets) if check else None
+    return g[0], ct_consts, ct_xs, flags
 
 
 def _blocked(span, block, consts, carries_before, xs, g_last, ct_ys):
@@ -227,28 +312,28 @@ def _blocked(span, block, consts, carries_before, xs, g_last, ct_ys):
 
     def one_block(carry, inputs):
         g, total = carry
-        g, ct_consts, ct_xs = span(*inputs[:2], g, inputs[2])
+        g, ct_consts, ct_xs, flags = span(*inputs[:2], g, inputs[2])
         total = jax.tree.map(jnp.add, total, ct_consts)
-        return (g, total), jax.tree.map(_float0_as_placeholder, ct_xs)
+        return (g, total), (jax.tree.map(_float0_as_placeholder, ct_xs), flags)
 
     first = jax.tree.map(split, (carries_before, xs, ct_ys))
     zeros = jax.tree.map(jnp.zeros_like, consts)  # consts are float: their cotangents match
-    (g, ct_consts), ct_xs = lax.scan(one_block, (g_last, zeros), first, reverse=True)
-    ct_xs = jax.tree.map(lambda c: c.reshape(-1, *c.shape[2:]), ct_xs)
+    (g, ct_consts), (ct_xs, flags) = lax.scan(one_block, (g_last, zeros), first, reverse=True)
+    ct_xs, flags = jax.tree.map(lambda c: c.reshape(-1, *c.shape[2:]), (ct_xs, flags))
     if head:
-        g, ct_head, ct_xs_head = span(
+        g, ct_head, ct_xs_head, flags_head = span(
             *jax.tree.map(lambda a: a[:head], (carries_before, xs)),
             g,
             jax.tree.map(lambda a: a[:head], ct_ys),
         )
         ct_consts = jax.tree.map(jnp.add, ct_consts, ct_head)
-        ct_xs = jax.tree.map(
+        ct_xs, flags = jax.tree.map(
             lambda a, b: jnp.concatenate([a, b]),
-            jax.tree.map(_float0_as_placeholder, ct_xs_head),
-            ct_xs,
+            (jax.tree.map(_float0_as_placeholder, ct_xs_head), flags_head),
+            (ct_xs, flags),
         )
     ct_xs = jax.tree.map(_restore_float0, ct_xs, xs)
-    return g, ct_consts, ct_xs
+    return g, ct_consts, ct_xs, flags
 
 
 def _float0_as_placeholder(ct):

@@ -94,7 +94,8 @@ class Chunked(Method):
     def __post_init__(self):
         for name in ("chunks", "block"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            bad_type = isinstance(value, bool) or not isinstance(value, int)
+            if value is not None and (bad_type or value < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}.")
 
     def block_size(self, length: int) -> int | None:

@@ -1,0 +1,91 @@
+"""Checks of ``bppsa.scan``'s arguments at the public boundary, before anything is traced.
+
+:func:`check_arguments` catches what ``jax.lax.scan`` leaves to XLA or to an ``IndexError`` (a
+negative length, ``xs`` leaves without a leading axis, non-array leaves) or lets through
+silently (a length of 3.5 runs 3 steps); :func:`check_like_lax_scan` then runs ``lax.scan``'s own
+checks (shape-only), so that its errors read as its errors; :func:`refuse_complex` is the one
+restriction of the parallel methods (real carries).
+"""
+
+from __future__ import annotations
+
+import operator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from bppsa.scan import Auto, Method, Sequential
+
+
+def check_arguments(init, xs, length) -> int | None:
+    """Checks that ``jax.lax.scan`` leaves to XLA (or to an ``IndexError``); returns
+    ``length`` as an int."""
+    for name, tree in (("init", init), ("xs", xs)):
+        for leaf in jax.tree.leaves(tree):
+            if not (hasattr(leaf, "dtype") or isinstance(leaf, int | float | complex | np.generic)):
+                raise TypeError(
+                    f"bppsa.scan: every leaf of {name} must be an array or a number, got a "
+                    f"{type(leaf).__name__}: {leaf!r:.80}."
+                )
+    for leaf in jax.tree.leaves(xs):
+        if not jnp.shape(leaf):
+            raise ValueError(
+                "bppsa.scan: every leaf of xs needs a leading axis to scan over, got a scalar "
+                f"of shape {jnp.shape(leaf)}: {leaf!r:.80}."
+            )
+    if length is None:
+        return None
+    try:
+        steps = operator.index(length)
+    except TypeError:
+        if isinstance(length, jax.Array):
+            raise  # JAX's own error: length must be concrete
+        raise TypeError(
+            f"bppsa.scan: length must be an int, got {type(length).__name__}: {length!r:.80}."
+        ) from None
+    if steps < 0:
+        raise ValueError(f"bppsa.scan: length must be >= 0, got {steps}.")
+    return steps
+
+
+def refuse_complex(method: Method, init) -> Method:
+    """The parallel backward builds real Jacobians: complex carries need back-propagation.
+
+    ``Auto()`` then uses it (``Sequential()``); an explicit parallel method raises."""
+    complex_leaves = [
+        x for x in jax.tree.leaves(init) if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating)
+    ]
+    if not complex_leaves or not method.uses_jacobians:
+        return method
+    if isinstance(method, Auto):
+        return Sequential()
+    kinds = ", ".join(f"{jnp.result_type(x).name}{list(jnp.shape(x))}" for x in complex_leaves)
+    raise TypeError(
+        f"bppsa.scan: the carry has complex leaves ({kinds}), which the backward method "
+        f"{method!r} does not support (its Jacobians are real); use method='sequential' "
+        "(plain jax.lax.scan), or carry the real and imaginary parts as separate leaves."
+    )
+
+
+def check_like_lax_scan(f, init, xs, length, reverse):
+    """Runs ``lax.scan``'s own checks (shape-only), so errors read exactly like its errors."""
+    try:
+        return jax.eval_shape(
+            lambda i, x: lax.scan(f, i, x, length=length, reverse=reverse), init, xs
+        )
+    except (TypeError, ValueError) as err:
+        if type(err) not in (TypeError, ValueError):
+            raise
+        raise type(err)(f"bppsa.scan: {err}") from None
+
+
+def promote_weak_types(init, carry_out):
+    """Casts weakly typed init leaves (Python scalars) to the carry dtype, as lax.scan does."""
+    return jax.tree.map(lambda x, out: jnp.asarray(x, out.dtype), init, carry_out)
+
+
+def num_steps(xs, length) -> int:
+    leaves = jax.tree.leaves(xs)
+    return int(length) if length is not None else leaves[0].shape[0]
