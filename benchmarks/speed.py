@@ -36,6 +36,17 @@ from bppsa.models import GRU, RNN
 from bppsa.scan import Auto, default_chunks, resolve
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
+# Floats of one step's transposed Jacobian as the library stores it (what Auto() weighs): the
+# RNN's W^T diag(d) keeps d, the GRU's keeps three gate scales and diag(z).
+JACOBIAN_FLOATS = {"rnn": 1, "gru": 4}
+
+
+def auto_choice(cell_name: str, length: int, batch: int, hidden: int) -> bppsa.Method:
+    """The method ``bppsa.Auto()`` runs for this configuration on the default backend."""
+    element = JACOBIAN_FLOATS[cell_name] * hidden
+    return Auto().choose(length, hidden, batch=batch, element=element)
+
+
 FULL_T = [10, 30, 100, 300, 1000, 3000, 10000, 30000]
 FULL_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 QUICK_T = [100, 1000, 10000]
@@ -83,9 +94,8 @@ def losses(cell, hidden):
 
 
 def scan_work(method: bppsa.Method, length: int, batch: int, hidden: int) -> float:
-    """Modelled floating-point operations of the scan alone (2 per multiply-add)."""
-    if isinstance(method, Auto):
-        method = method.choose(length, hidden)
+    """Modelled floating-point operations of the scan alone (2 per multiply-add); for
+    ``Auto()``, pass the method it chooses."""
     matvec = 2 * length * batch * hidden**2
     if isinstance(method, bppsa.Blelloch):
         return 2 * length * batch * hidden**3 + 2 * matvec
@@ -149,14 +159,16 @@ def measure(cell_name, length, batch, hidden, methods, repeats):
     )
     for name, method in methods.items():
         total = median[name]
+        runs = auto_choice(cell_name, length, batch, hidden) if isinstance(method, Auto) else method
         backward = max(total - forward, 1e-9)
         row["methods"][name] = dict(
             total_ms=1e3 * total,
             backward_ms=1e3 * backward,
             backward_speedup=(bp - forward) / backward,
             overall_speedup=bp / total,
-            scan_gflop=scan_work(method, length, batch, hidden) / 1e9,
-            achieved_gflops=scan_work(method, length, batch, hidden) / backward / 1e9,
+            runs=repr(runs),
+            scan_gflop=scan_work(runs, length, batch, hidden) / 1e9,
+            achieved_gflops=scan_work(runs, length, batch, hidden) / backward / 1e9,
             peak_bytes=peak_bytes(bppsa.grad(per_example, method=method), params, head, xs),
         )
     return row
@@ -169,7 +181,7 @@ def print_row(row):
     )
     parts = [
         f"{name}: bwd {m['backward_ms']:7.2f} ms x{m['backward_speedup']:5.2f} "
-        f"(overall x{m['overall_speedup']:4.2f})"
+        f"(overall x{m['overall_speedup']:4.2f})" + (f" [{m['runs']}]" if name == "auto" else "")
         for name, m in row["methods"].items()
     ]
     print(head + "  |  " + "  |  ".join(parts), flush=True)

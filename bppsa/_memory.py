@@ -134,7 +134,7 @@ def estimate(method: Method, fp: Footprint, backend: str | None = None) -> int |
         return steps * (SPAN_ELEMENTS * fp.element + SPAN_STATES * fp.state)
 
     if isinstance(method, Auto):
-        return estimate(method.choose(t, fp.size, backend), fp, backend)
+        return estimate(_auto(method.choose, fp, backend), fp, backend)
     if isinstance(method, Blelloch):
         floats = residual + span(t) + BLELLOCH_DENSE * t * fp.dense
     elif isinstance(method, Chunked):
@@ -209,6 +209,10 @@ def ambient_limit(limit: float | None) -> Iterator[None]:
         _ambient_limit.reset(token)
 
 
+def _auto(choose, fp: Footprint, backend: str | None) -> Method:
+    return choose(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
+
+
 def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None = None) -> Method:
     """The method to run a scan's backward with, within ``limit`` bytes.
 
@@ -226,7 +230,7 @@ def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None 
         MemoryLimitError: the method (or, for ``Auto()``, every fallback) does not fit.
     """
     automatic = isinstance(method, Auto)
-    chosen = method.choose(fp.length, fp.size, backend) if automatic else method
+    chosen = _auto(method.parallel, fp, backend) if automatic else method
     need = estimate(chosen, fp, backend)
     if need is None:
         return chosen

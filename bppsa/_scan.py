@@ -18,7 +18,7 @@ from bppsa._batching import vmapped_batch_size
 from bppsa._carry import Layout, is_float, unstacked, zero_cotangent
 from bppsa.jacobians._capture import has_analytic_jacobian, with_jacobian
 from bppsa.jacobians._stacked import steps_with_jacobians
-from bppsa.scan import Method, Sequential, resolve
+from bppsa.scan import Auto, Method, Sequential, resolve
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -98,12 +98,14 @@ def scan(
 
     init = _arguments.promote_weak_types(init, out_shape[0])
     num_steps = _arguments.num_steps(xs, length)
-    if reverse:
-        xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     x_example = jax.tree.map(unstacked, xs)
-
     analytic = has_analytic_jacobian(f, init, x_example)
     step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
+    auto = isinstance(method, Auto)
+    if auto and not _auto_choice(method, num_steps, step, init, xs, consts).uses_jacobians:
+        return lax.scan(f, init, xs, length=length, reverse=reverse)
+    if reverse:
+        xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     _forward_mode.refuse(method, (init, xs, consts))
 
     options = _Options(method, limit, check, reverse)
@@ -112,6 +114,20 @@ def scan(
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys
+
+
+def _auto_choice(method: Auto, num_steps: int, step, init, xs, consts) -> Method:
+    """What ``Auto()`` runs for this scan: it depends on the size of a step's Jacobian and on
+    the ``jax.vmap`` batch the scan is traced under (plain back-propagation when large)."""
+    x_example = jax.tree.map(unstacked, xs)
+    jac_t = jax.eval_shape(step, init, x_example, *consts)[2]
+    size = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(init) if is_float(x))
+    element = None
+    if jac_t is not None:  # an analytic Jacobian, as stored
+        fields = (getattr(jac_t, name) for name in jac_t.stacked_fields)
+        element = sum(math.prod(x.shape) for x in fields if x is not None)
+    batch = vmapped_batch_size((init, xs))
+    return method.choose(num_steps, size, batch=batch, element=element)
 
 
 def estimate_memory(

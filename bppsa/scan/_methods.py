@@ -106,35 +106,91 @@ class Chunked(Method):
         return chunked(g_last, linear, offsets, chunks)
 
 
-CPU_BLOCK = 1024  # steps per block on CPUs: a block's arrays then stay in cache
+CPU_BLOCK = 1024  # steps per block of the lower-memory fallbacks (see bppsa._memory)
+
+# Auto() on CPUs, in Jacobian floats per step summed over the vmapped batch ("work"). Blocks of
+# about CPU_BLOCK_WORK / work steps (a power of two within CPU_BLOCK_STEPS) keep a block's
+# arrays in cache; above CPU_PARALLEL_WORK back-propagation itself is faster. Measured with
+# benchmarks/speed.py on a 2-core CPU at T = 1000: the RNN (20 floats per step) still wins at
+# B = 64 (1.25x) and loses at B = 128; the GRU (80 floats per step) wins at B = 8 (1.07x) and
+# loses from B = 16 on (0.75x).
+CPU_BLOCK_WORK = 2**19
+CPU_BLOCK_STEPS = (64, 1024)
+CPU_PARALLEL_WORK = 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class Auto(Method):
-    """Chooses a method from the sequence length, the state size and the backend.
+    """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
 
-    :meth:`choose` says what it picks. On CPU it is ``Chunked(1)``: a sequential scan over
-    the transposed Jacobians, whose steps are single matrix-vector products while the Jacobians
-    and parameter gradients are computed in parallel outside the loop. With only a few cores,
-    the parallel levels' extra ``~n``-fold matrix work does not pay for itself (measured with
-    ``benchmarks/speed.py``). On accelerators it is ``Blelloch()`` (``Theta(log T)`` levels).
+    :meth:`choose` says what it picks. On accelerators it is ``Blelloch()`` (``Theta(log T)``
+    levels). On CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
+    does not pay for itself (measured with ``benchmarks/speed.py``); there it is
+    ``Chunked(1, block=K)``: a sequential scan over the transposed Jacobians, whose steps are
+    single matrix-vector products, while the Jacobians and parameter gradients are computed for
+    a block of ``K`` steps at once (``K`` chosen so that the block's arrays stay in cache); and
+    where even that loses, for large batches, plain back-propagation (``Sequential()``).
     """
 
     name: ClassVar[str] = "auto"
 
-    def choose(self, length: int, size: int, backend: str | None = None) -> Method:
-        """The method used for ``length`` steps of a state of ``size`` on ``backend``."""
-        backend = jax.default_backend() if backend is None else backend
-        if backend == "cpu":
-            return Chunked(1, block=CPU_BLOCK)
-        return Blelloch()
+    def choose(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+    ) -> Method:
+        """The method used for a scan.
+
+        Args:
+            length: number of steps ``T``.
+            size: floats of the differentiable carry of one example (``n``).
+            backend: ``"cpu"``, ``"gpu"``, ... (default: JAX's default backend).
+            batch: examples served at once through ``jax.vmap``.
+            element: floats of one step's transposed Jacobian as stored (e.g. ``n`` for the
+                RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
+
+        Returns:
+            A concrete method; ``Sequential()`` means plain back-propagation.
+        """
+        if _on_cpu(backend) and batch * _element(size, element) > CPU_PARALLEL_WORK:
+            return Sequential()
+        return self.parallel(length, size, backend, batch=batch, element=element)
+
+    def parallel(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+    ) -> Method:
+        """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
+        if not _on_cpu(backend):
+            return Blelloch()
+        work = max(batch * _element(size, element), 1)
+        low, high = CPU_BLOCK_STEPS
+        block = min(max(1 << (max(CPU_BLOCK_WORK // work, 1).bit_length() - 1), low), high)
+        return Chunked(1, block=block)
 
     def scan(self, g_last: Array, linear: Linear, offsets: Array | None) -> Array:
-        method = self.choose(len(linear), g_last.shape[-1])
+        method = self.parallel(len(linear), g_last.shape[-1])
         return method.scan(g_last, linear, offsets)
 
     def block_size(self, length: int) -> int | None:
-        return self.choose(length, 0).block_size(length)
+        return self.parallel(length, 0, element=1).block_size(length)
+
+
+def _on_cpu(backend: str | None) -> bool:
+    return (jax.default_backend() if backend is None else backend) == "cpu"
+
+
+def _element(size: int, element: int | None) -> int:
+    return size * size if element is None else element
 
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential)}

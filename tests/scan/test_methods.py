@@ -51,3 +51,21 @@ def test_chunk_counts_are_checked(chunks):
 def test_auto_says_what_it_picks():
     assert Auto().choose(10_000, 20, backend="cpu") == Chunked(1, block=1024)
     assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
+
+
+def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
+    """The RNN's Jacobian keeps 20 floats per step, the GRU's 80: the work per step is the
+    batch times that, and blocks shrink as it grows, until plain BP is cheaper."""
+    blocks = []
+    for batch in (1, 2, 4, 8, 16, 32):
+        method = Auto().choose(1000, 20, "cpu", batch=batch, element=20)
+        assert isinstance(method, Chunked) and method.chunks == 1
+        blocks.append(method.block)
+    assert blocks == sorted(blocks, reverse=True) and blocks[0] > blocks[-1]
+    assert all(b & (b - 1) == 0 and 64 <= b <= 1024 for b in blocks)  # powers of two, bounded
+    assert Auto().choose(1000, 20, "cpu", batch=128, element=20) == Sequential()
+    assert Auto().choose(1000, 20, "cpu", batch=8, element=80) != Sequential()
+    assert Auto().choose(1000, 20, "cpu", batch=16, element=80) == Sequential()
+    # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
+    assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
+    assert Auto().parallel(1000, 20, "cpu", batch=256, element=80).uses_jacobians

@@ -1,0 +1,67 @@
+"""The vmap batch size a scan sees, and the automatic method's use of it: under a large enough
+``jax.vmap`` batch on CPU, ``Auto()`` makes ``bppsa.scan`` plain ``lax.scan``."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import bppsa
+from bppsa._batching import vmapped_batch_size
+from bppsa.models import GRU, RNN, gru_cell, rnn_cell
+from tests.helpers import assert_trees_close
+
+
+def seen_batch(fn, *args):
+    seen = []
+
+    def probe(*inner):
+        seen.append(vmapped_batch_size(inner))
+        return jnp.sum(inner[0])
+
+    fn(probe)(*args)
+    return seen[0]
+
+
+def test_batch_size_through_vmap_jit_and_grad():
+    x = jnp.ones((4, 5, 3))
+    assert seen_batch(lambda f: f, x[0, 0]) == 1
+    assert seen_batch(lambda f: jax.vmap(f), x[0]) == 5
+    assert seen_batch(lambda f: jax.jit(jax.vmap(jax.vmap(f))), x) == 20
+    assert seen_batch(lambda f: jax.grad(lambda v: jnp.sum(jax.vmap(f)(v))), x[0]) == 5
+    assert seen_batch(lambda f: jax.vmap(jax.grad(f)), x[0]) == 5
+    assert seen_batch(lambda f: jax.vmap(f, in_axes=1), x[0]) == 3
+    # Only batched leaves count: an unbatched one beside a batched one.
+    assert seen_batch(lambda f: jax.vmap(f, in_axes=(None, 0)), x[0, 0], jnp.ones(7)) == 7
+
+
+def uses_custom_vjp(fn, *args) -> bool:
+    return "custom_vjp" in str(jax.make_jaxpr(fn)(*args))
+
+
+@pytest.mark.parametrize(
+    ("cell", "cell_fn", "small", "large"), [(RNN(), rnn_cell, 16, 128), (GRU(), gru_cell, 4, 32)]
+)
+def test_auto_back_propagates_large_cpu_batches(cell, cell_fn, small, large):
+    hidden = 20
+    params = cell.init(1, hidden, key=jax.random.key(0))
+
+    def loss(params, xs, method):
+        def one(x):
+            h, _ = bppsa.scan(
+                lambda h, x_t: (cell_fn(params, h, x_t), None),
+                jnp.zeros(hidden),
+                x,
+                method=method,
+            )
+            return jnp.sum(h**2)
+
+        return jnp.sum(jax.vmap(one)(xs))
+
+    for batch, parallel in ((small, True), (large, False)):
+        xs = jax.random.normal(jax.random.key(batch), (batch, 30, 1))
+        auto = jax.grad(lambda p, xs: loss(p, xs, bppsa.Auto()))
+        reference = jax.grad(lambda p, xs: loss(p, xs, "sequential"))
+        forward = lambda p, xs: loss(p, xs, bppsa.Auto())
+        on_cpu = jax.default_backend() == "cpu"  # accelerators keep the parallel scan
+        assert uses_custom_vjp(forward, params, xs) == (parallel or not on_cpu)
+        assert_trees_close(jax.jit(auto)(params, xs), jax.jit(reference)(params, xs), jnp.float32)
