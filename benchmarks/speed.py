@@ -200,14 +200,25 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", nargs="+", default=["rnn", "gru"], choices=list(CELLS))
     parser.add_argument("--hidden", type=int, default=20)
     parser.add_argument("--methods", nargs="+", default=["auto", "blelloch", "chunked"])
-    parser.add_argument("--lengths", type=int, nargs="+", help="T sweep (at B = 16)")
-    parser.add_argument("--batches", type=int, nargs="+", help="B sweep (at T = 1000)")
+    parser.add_argument(
+        "--lengths", type=int, nargs="*", help="T sweep (at --t-batch); empty: no T sweep"
+    )
+    parser.add_argument(
+        "--batches", type=int, nargs="*", help="B sweep (at --b-length); empty: no B sweep"
+    )
+    parser.add_argument("--t-batch", type=int, default=16, help="B of the T sweep (16)")
+    parser.add_argument("--b-length", type=int, default=1000, help="T of the B sweep (1000)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/speed.json"))
     args = parser.parse_args(argv)
     methods = {name: parse_method(name) for name in args.methods}
-    lengths = args.lengths or (QUICK_T if args.quick else FULL_T)
-    batches = args.batches or (QUICK_B if args.quick else FULL_B)
+    for name in ("hidden", "repeats", "t_batch", "b_length"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    lengths = args.lengths if args.lengths is not None else (QUICK_T if args.quick else FULL_T)
+    batches = args.batches if args.batches is not None else (QUICK_B if args.quick else FULL_B)
+    if any(n < 1 for n in [*lengths, *batches]):
+        parser.error("--lengths and --batches take positive ints")
     device = jax.devices()[0]
     payload = dict(
         device=getattr(device, "device_kind", device.platform),
@@ -227,12 +238,12 @@ def main(argv=None) -> None:
     )
     for cell in args.cells:
         for length in lengths:
-            row = measure(cell, length, 16, args.hidden, methods, args.repeats)
+            row = measure(cell, length, args.t_batch, args.hidden, methods, args.repeats)
             payload["t_sweep"].append(row)
             print_row(row)
             write_atomically(args.out, payload)
         for batch in batches:
-            row = measure(cell, 1000, batch, args.hidden, methods, args.repeats)
+            row = measure(cell, args.b_length, batch, args.hidden, methods, args.repeats)
             payload["b_sweep"].append(row)
             print_row(row)
             write_atomically(args.out, payload)

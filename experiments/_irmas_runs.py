@@ -110,7 +110,12 @@ def make_trainers(
             method=_methods.parse_method(name),
             out_dir=pathlib.Path(out_dir) / name,
             config=identity
-            | dict(method=name, resolved=_methods.describe(name, clips.frames, config.hidden)),
+            | dict(
+                method=name,
+                resolved=_methods.describe(
+                    name, clips.frames, config.hidden, batch=config.batch, element=4 * config.hidden
+                ),
+            ),
             num_iterations=config.num_iterations(clips),
             checkpoint_every=checkpoint_every,
             forward_every=config.forward_every,
@@ -188,7 +193,9 @@ def breakdown(
         row = _irmas_breakdown.measure(
             model, params, batch_list, _methods.parse_method(method), repeats, bar.update
         )
-        resolved = _methods.describe(method, data.frames, hidden)
+        resolved = _methods.describe(  # a GRU step's Jacobian keeps 4 H floats
+            method, data.frames, hidden, batch=point["batch"], element=4 * hidden
+        )
         return dict(frames=data.frames, features=data.num_features, resolved=resolved) | row
 
     with bar:

@@ -2,7 +2,8 @@
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
 differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: the
-modified Blelloch scan on accelerators, a Jacobian-based sequential scan on CPUs); the other
+modified Blelloch scan on accelerators, a Jacobian-based sequential scan on CPUs, or there plain
+back-propagation for large batches); the other
 names pick a method explicitly. Names are resolved here only.
 """
 
@@ -37,10 +38,20 @@ def parse_method(name: str) -> bppsa.Method:
     raise ValueError(f"method {name!r} is not known; expected one of: {', '.join(NAMES)}.")
 
 
-def describe(name: str, length: int, hidden: int, backend: str | None = None) -> str:
-    """What method ``name`` runs for ``length`` steps of a ``hidden``-sized state (``Auto``
-    resolved to its choice)."""
+def describe(
+    name: str,
+    length: int,
+    hidden: int,
+    backend: str | None = None,
+    *,
+    batch: int = 1,
+    element: int | None = None,
+) -> str:
+    """What method ``name`` runs for ``length`` steps of a ``hidden``-sized state, ``batch``
+    examples vmapped, ``element`` floats per step's Jacobian (``Auto`` resolved to its choice;
+    ``Sequential()`` there means that it runs plain back-propagation)."""
     method = parse_method(name)
     if isinstance(method, bppsa.Auto):
-        return f"{method!r} -> {method.choose(length, hidden, backend)!r}"
+        chosen = method.choose(length, hidden, backend, batch=batch, element=element)
+        return f"{method!r} -> {chosen!r}"
     return repr(method)

@@ -58,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = jax.devices()[0]
     name = cpu_model() if device.platform == "cpu" else device.device_kind
     print(f"bppsa {bppsa.__version__}, jax {jax.__version__} on {device.platform} ({name})")
-    print(f"BPPSA here is bppsa.Auto(), which runs {bppsa.Auto().choose(1000, 20)!r}.\n")
+    chosen = bppsa.Auto().choose(1000, 20, batch=16, element=20)  # RNN Jacobian: 20 floats
+    print(
+        f"BPPSA here is bppsa.Auto(), which runs {chosen!r} at T = 1000, B = 16 (and plain BP "
+        "where the batch is too large for BPPSA to pay on this backend; see the table).\n"
+    )
 
     print("1. Gradient of the RNN classifier (T = 1000, B = 16), BPPSA vs BP:")
     print(f"   max |g - g_BP| / max |g_BP| over the parameters: {gradient_check():.1e}\n")

@@ -165,7 +165,12 @@ def make_trainers(
             method=_methods.parse_method(name),
             out_dir=pathlib.Path(out_dir) / name,
             config=identity
-            | dict(method=name, resolved=_methods.describe(name, config.length, config.hidden)),
+            | dict(
+                method=name,
+                resolved=_methods.describe(
+                    name, config.length, config.hidden, batch=config.batch, element=config.hidden
+                ),
+            ),
             num_iterations=config.num_iterations(),
             checkpoint_every=checkpoint_every,
             forward_every=config.forward_every,
