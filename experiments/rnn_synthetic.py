@@ -40,6 +40,7 @@ import jax
 import numpy as np
 import optax
 
+import bppsa
 from bppsa.data import Bitstreams
 from bppsa.models import SequenceClassifier
 from experiments import _methods, _report
@@ -251,7 +252,13 @@ def sweep(
             progress=progress,
         )
 
-    resolved = {name: _methods.describe(name, config.length, config.hidden) for name in methods}
+    # Auto()'s choice depends on T and B, so it differs between points (each run records its own).
+    resolved = {
+        name: "Auto() -> its choice per point"
+        if isinstance(_methods.parse_method(name), bppsa.Auto)
+        else _methods.describe(name, config.length, config.hidden)
+        for name in methods
+    }
     identity = dataclasses.asdict(config) | dict(methods=list(methods), resolved=resolved)
     for key in ("length", "batch"):
         identity.pop(key)
