@@ -39,7 +39,7 @@ import sys
 from collections.abc import Sequence
 
 from bppsa.data import irmas, irmas_fixture
-from experiments import _irmas_breakdown, _methods, _report
+from experiments import _cli, _irmas_breakdown, _methods, _report
 from experiments._irmas_breakdown import ResultsFolderError
 from experiments._irmas_data import Clips, load_clips
 from experiments._irmas_runs import PRESETS, Config, breakdown, train
@@ -51,30 +51,6 @@ DEFAULT_OUT = pathlib.Path("results/gru_irmas")
 DEFAULT_CACHE = DEFAULT_OUT / "features"
 FIXTURE_CLIPS = 6  # per class: 66 clips, enough for a batch of 64
 SYNTHETIC_NOTE = "SYNTHETIC fixture (tones in the IRMAS layout), NOT IRMAS"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    return 0 if text.strip() == "0" else _positive_int(text)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
 
 
 def _variant(text: str) -> str:
@@ -106,12 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
     model = argparse.ArgumentParser(add_help=False)
-    model.add_argument("--hidden", type=_positive_int, help="GRU hidden size (default 20)")
-    model.add_argument("--seed", type=_non_negative_int, help="init and data-order seed (0)")
+    model.add_argument("--hidden", type=_cli.positive_int, help="GRU hidden size (default 20)")
+    model.add_argument("--seed", type=_cli.non_negative_int, help="init and data-order seed (0)")
     model.add_argument(
         "--variants", nargs="+", type=_variant, metavar="V", help="MFCC variants (S M L)"
     )
-    model.add_argument("--workers", type=_positive_int, default=1, help="feature processes")
+    model.add_argument("--workers", type=_cli.positive_int, default=1, help="feature processes")
     model.add_argument(
         "--cache-dir", type=pathlib.Path, default=DEFAULT_CACHE, help="feature cache folder"
     )
@@ -125,8 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
 
     b = commands.add_parser("breakdown", parents=[common], help="runtime breakdown (Fig. 9)")
-    b.add_argument("--batches", type=_positive_int, nargs="+", help="batch sizes (16 32 64)")
-    b.add_argument("--repeats", type=_positive_int, help="timed rounds per point")
+    b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes (16 32 64)")
+    b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
     b.add_argument(
         "--method",
         type=_method_name,
@@ -135,11 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     t = commands.add_parser("train", parents=[common], help="training curves (Fig. 13)")
-    t.add_argument("--batch", type=_positive_int, help="batch size (default 16)")
-    t.add_argument("--lr", type=_positive_float, help="Adam learning rate (default 3e-4)")
+    t.add_argument("--batch", type=_cli.positive_int, help="batch size (default 16)")
+    t.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (default 3e-4)")
     length = t.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=_positive_int, help="iterations per run")
-    length.add_argument("--epochs", type=_positive_float, help="epochs per run")
+    length.add_argument("--iterations", type=_cli.positive_int, help="iterations per run")
+    length.add_argument("--epochs", type=_cli.positive_float, help="epochs per run")
     t.add_argument(
         "--methods",
         "--method",
@@ -152,13 +128,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--no-eval", action="store_true", help="no training-set evaluation")
     t.add_argument(
-        "--checkpoint-every", type=_positive_int, default=100, help="iterations (default 100)"
+        "--checkpoint-every", type=_cli.positive_int, default=100, help="iterations (default 100)"
     )
 
     f = commands.add_parser("fixture", help="write a SYNTHETIC fixture in the IRMAS layout")
     f.add_argument("--out", type=pathlib.Path, required=True, help="the fixture's root folder")
-    f.add_argument("--clips-per-class", type=_positive_int, default=FIXTURE_CLIPS, help="default 6")
-    f.add_argument("--seed", type=_non_negative_int, default=0, help="default 0")
+    f.add_argument(
+        "--clips-per-class", type=_cli.positive_int, default=FIXTURE_CLIPS, help="default 6"
+    )
+    f.add_argument("--seed", type=_cli.non_negative_int, default=0, help="default 0")
 
     commands.add_parser(
         "smoke", parents=[out, model], help="fixture + breakdown + train + figures (minutes)"

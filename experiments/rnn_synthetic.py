@@ -43,7 +43,7 @@ import optax
 import bppsa
 from bppsa.data import Bitstreams
 from bppsa.models import SequenceClassifier
-from experiments import _methods, _report
+from experiments import _cli, _methods, _report
 from experiments._sweep import compare, run_sweep
 from experiments._training import Task, Trainer, run_together
 
@@ -288,32 +288,8 @@ def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, batch:
 # ----------------------------------------------------------------------------- command line
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    return 0 if text.strip() == "0" else _positive_int(text)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = _cli.positive_float(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
     return value
@@ -350,17 +326,17 @@ def _parser() -> argparse.ArgumentParser:
         "accelerators), blelloch, chunked, chunked-C, sequential-jacobians "
         "(default: bp bppsa)",
     )
-    common.add_argument("--hidden", type=_positive_int, help="hidden size (default 20)")
-    common.add_argument("--lr", type=_positive_float, help="Adam learning rate (default 1e-5)")
-    common.add_argument("--samples", type=_positive_int, help="dataset size (default 50000)")
+    common.add_argument("--hidden", type=_cli.positive_int, help="hidden size (default 20)")
+    common.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (default 1e-5)")
+    common.add_argument("--samples", type=_cli.positive_int, help="dataset size (default 50000)")
     common.add_argument("--train-fraction", type=_fraction, help="train split (default 0.64)")
-    common.add_argument("--seed", type=_non_negative_int, help="data and init seed (default 0)")
+    common.add_argument("--seed", type=_cli.non_negative_int, help="data and init seed (default 0)")
     length = common.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=_positive_int, help="iterations per run")
-    length.add_argument("--epochs", type=_positive_float, help="epochs per run")
+    length.add_argument("--iterations", type=_cli.positive_int, help="iterations per run")
+    length.add_argument("--epochs", type=_cli.positive_float, help="epochs per run")
     common.add_argument(
         "--forward-every",
-        type=_positive_int,
+        type=_cli.positive_int,
         help="time the forward alone every N iterations (default 1)",
     )
     common.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
@@ -371,13 +347,13 @@ def _parser() -> argparse.ArgumentParser:
     train_parser = commands.add_parser(
         "train", parents=[common], help="train with each method (Fig. 7)"
     )
-    train_parser.add_argument("--length", type=_positive_int, help="sequence length T")
-    train_parser.add_argument("--batch", type=_positive_int, help="batch size B")
+    train_parser.add_argument("--length", type=_cli.positive_int, help="sequence length T")
+    train_parser.add_argument("--batch", type=_cli.positive_int, help="batch size B")
     train_parser.add_argument(
-        "--eval-samples", type=_non_negative_int, help="test samples per evaluation (0: none)"
+        "--eval-samples", type=_cli.non_negative_int, help="test samples per evaluation (0: none)"
     )
     train_parser.add_argument(
-        "--checkpoint-every", type=_positive_int, default=100, help="iterations (default 100)"
+        "--checkpoint-every", type=_cli.positive_int, default=100, help="iterations (default 100)"
     )
 
     sweep_parser = commands.add_parser(
@@ -386,10 +362,10 @@ def _parser() -> argparse.ArgumentParser:
     sweep_parser.add_argument(
         "which", nargs="?", choices=("t", "b", "both"), default="both", help="default: both"
     )
-    sweep_parser.add_argument("--lengths", type=_positive_int, nargs="+", help="T sweep")
-    sweep_parser.add_argument("--batches", type=_positive_int, nargs="+", help="B sweep")
-    sweep_parser.add_argument("--sweep-batch", type=_positive_int, help="B of the T sweep")
-    sweep_parser.add_argument("--sweep-length", type=_positive_int, help="T of the B sweep")
+    sweep_parser.add_argument("--lengths", type=_cli.positive_int, nargs="+", help="T sweep")
+    sweep_parser.add_argument("--batches", type=_cli.positive_int, nargs="+", help="B sweep")
+    sweep_parser.add_argument("--sweep-batch", type=_cli.positive_int, help="B of the T sweep")
+    sweep_parser.add_argument("--sweep-length", type=_cli.positive_int, help="T of the B sweep")
     return parser
 
 
