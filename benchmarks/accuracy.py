@@ -212,7 +212,13 @@ def measure(cell_name: str, regime: str, length: int, batch: int, seed: int = 0)
         batch=batch,
         hidden=HIDDEN,
         seed=seed,
-        auto_choice=repr(bppsa.Auto().choose(length, HIDDEN)),
+        # What Auto() runs here: its choice depends on the vmap batch and the Jacobian's floats
+        # per step (the RNN's keeps H, the GRU's 4 H).
+        auto_choice=repr(
+            bppsa.Auto().choose(
+                length, HIDDEN, batch=batch, element=HIDDEN * (4 if cell_name == "gru" else 1)
+            )
+        ),
         grad_norm=float(np.median(example_norms(reference))),
         end_to_end={},
         backward_only={},
