@@ -20,7 +20,7 @@ from bppsa.models import GRU, SequenceClassifier
 from experiments import _irmas_breakdown, _methods
 from experiments._irmas_breakdown import ResultsFolderError
 from experiments._irmas_data import Clips
-from experiments._training import Task, Trainer, run_together
+from experiments._training import Task, Trainer, lockstep_trainers, run_together
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,30 +104,23 @@ def make_trainers(
     for key in ("iterations", "epochs"):  # a run may be extended
         identity.pop(key)
     eval_every = task.iterations_per_epoch if config.evaluate else None
-    return {
-        name: Trainer(
-            task,
-            optax.adam(config.lr),
-            method=_methods.parse_method(name),
-            out_dir=pathlib.Path(out_dir) / name,
-            config=identity
-            | dict(
-                method=name,
-                resolved=_methods.describe(
-                    name, clips.frames, config.hidden, batch=config.batch, element=4 * config.hidden
-                ),
-            ),
-            num_iterations=config.num_iterations(clips),
-            checkpoint_every=checkpoint_every,
-            forward_every=config.forward_every,
-            eval_every=eval_every,
-            overwrite=overwrite,
-            progress=progress,
-            name=f"{name} {config.variant} B={config.batch}",
-            position=position,
-        )
-        for position, name in enumerate(methods)
-    }
+    return lockstep_trainers(
+        task,
+        optax.adam(config.lr),
+        methods,
+        out_dir,
+        identity,
+        resolved=lambda name: _methods.describe(  # a GRU step's Jacobian keeps 4 H floats
+            name, clips.frames, config.hidden, batch=config.batch, element=4 * config.hidden
+        ),
+        label=f"{config.variant} B={config.batch}",
+        num_iterations=config.num_iterations(clips),
+        checkpoint_every=checkpoint_every,
+        forward_every=config.forward_every,
+        eval_every=eval_every,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
 def train(

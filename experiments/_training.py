@@ -42,6 +42,7 @@ import optax
 from tqdm.auto import tqdm
 
 import bppsa
+from experiments import _methods
 from experiments._records import JsonLines, load_checkpoint, run_metadata, save_checkpoint
 from experiments._timing import timed
 
@@ -340,6 +341,38 @@ class Trainer:
                 elapsed_s=state.elapsed_s,
             )
             self._saved = state.iteration
+
+
+def lockstep_trainers(
+    task: Task,
+    optimizer: optax.GradientTransformation,
+    methods: Sequence[str],
+    out_dir: str | pathlib.Path,
+    config: dict[str, Any],
+    *,
+    resolved: Callable[[str], str],
+    label: str,
+    **options: Any,
+) -> dict[str, Trainer]:
+    """A trainer per method name (``experiments._methods``) on the same task and optimizer.
+
+    Each logs to ``out_dir/<name>/`` with ``config`` plus its method name and ``resolved(name)``
+    (what the method runs), shows ``"<name> <label>"`` on its progress bar, and takes
+    ``options`` (e.g. ``num_iterations``) as :class:`Trainer` does.
+    """
+    return {
+        name: Trainer(
+            task,
+            optimizer,
+            method=_methods.parse_method(name),
+            out_dir=pathlib.Path(out_dir) / name,
+            config=config | dict(method=name, resolved=resolved(name)),
+            name=f"{name} {label}",
+            position=position,
+            **options,
+        )
+        for position, name in enumerate(methods)
+    }
 
 
 def run_together(trainers: Sequence[Trainer], chunk: int = 50) -> None:

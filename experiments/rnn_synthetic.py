@@ -45,7 +45,7 @@ from bppsa.data import Bitstreams
 from bppsa.models import SequenceClassifier
 from experiments import _cli, _methods, _report
 from experiments._sweep import compare, run_sweep
-from experiments._training import Task, Trainer, run_together
+from experiments._training import Task, Trainer, lockstep_trainers, run_together
 
 NUM_CLASSES = 10
 DEFAULT_OUT = pathlib.Path("results/rnn_synthetic")
@@ -159,30 +159,23 @@ def make_trainers(
     for key in ("iterations", "epochs"):  # a run may be extended
         identity.pop(key)
     eval_every = task.iterations_per_epoch if config.eval_samples else None
-    return {
-        name: Trainer(
-            task,
-            optax.adam(config.lr),
-            method=_methods.parse_method(name),
-            out_dir=pathlib.Path(out_dir) / name,
-            config=identity
-            | dict(
-                method=name,
-                resolved=_methods.describe(
-                    name, config.length, config.hidden, batch=config.batch, element=config.hidden
-                ),
-            ),
-            num_iterations=config.num_iterations(),
-            checkpoint_every=checkpoint_every,
-            forward_every=config.forward_every,
-            eval_every=eval_every,
-            overwrite=overwrite,
-            progress=progress,
-            name=f"{name} T={config.length} B={config.batch}",
-            position=position,
-        )
-        for position, name in enumerate(methods)
-    }
+    return lockstep_trainers(
+        task,
+        optax.adam(config.lr),
+        methods,
+        out_dir,
+        identity,
+        resolved=lambda name: _methods.describe(
+            name, config.length, config.hidden, batch=config.batch, element=config.hidden
+        ),
+        label=f"T={config.length} B={config.batch}",
+        num_iterations=config.num_iterations(),
+        checkpoint_every=checkpoint_every,
+        forward_every=config.forward_every,
+        eval_every=eval_every,
+        overwrite=overwrite,
+        progress=progress,
+    )
 
 
 def train(
