@@ -71,7 +71,6 @@ def test_missing_results_are_named(tmp_path, capsys):
     assert "nowhere.json" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not COMMITTED.is_file(), reason="no committed accuracy results")
 def test_committed_results_cover_the_study():
     payload = accuracy.load(COMMITTED)
     keys = {(r["cell"], r["regime"], r["length"]) for r in payload["rows"]}
