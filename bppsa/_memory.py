@@ -134,7 +134,7 @@ def estimate(method: Method, fp: Footprint, backend: str | None = None) -> int |
         return steps * (SPAN_ELEMENTS * fp.element + SPAN_STATES * fp.state)
 
     if isinstance(method, Auto):
-        return estimate(_auto(method.choose, fp, backend), fp, backend)
+        return estimate(auto_method(method.choose, fp, backend), fp, backend)
     if isinstance(method, Blelloch):
         floats = residual + span(t) + BLELLOCH_DENSE * t * fp.dense
     elif isinstance(method, Chunked):
@@ -209,7 +209,8 @@ def ambient_limit(limit: float | None) -> Iterator[None]:
         _ambient_limit.reset(token)
 
 
-def _auto(choose, fp: Footprint, backend: str | None) -> Method:
+def auto_method(choose, fp: Footprint, backend: str | None = None) -> Method:
+    """``Auto().choose`` or ``Auto().parallel`` for a scan of footprint ``fp``."""
     return choose(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
 
 
@@ -230,7 +231,7 @@ def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None 
         MemoryLimitError: the method (or, for ``Auto()``, every fallback) does not fit.
     """
     automatic = isinstance(method, Auto)
-    chosen = _auto(method.parallel, fp, backend) if automatic else method
+    chosen = auto_method(method.parallel, fp, backend) if automatic else method
     need = estimate(chosen, fp, backend)
     if need is None:
         return chosen

@@ -101,9 +101,13 @@ def scan(
     x_example = jax.tree.map(unstacked, xs)
     analytic = has_analytic_jacobian(f, init, x_example)
     step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
-    auto = isinstance(method, Auto)
-    if auto and not _auto_choice(method, num_steps, step, init, xs, consts).uses_jacobians:
-        return lax.scan(f, init, xs, length=length, reverse=reverse)
+    if isinstance(method, Auto):
+        # Auto()'s choice depends on a step's Jacobian and on the vmap batch the scan is traced
+        # under: plain back-propagation when the batch is large.
+        batch = vmapped_batch_size((init, xs))
+        fp = _footprint(step, init, xs, consts, num_steps, analytic, batch)
+        if not _memory.auto_method(method.choose, fp).uses_jacobians:
+            return lax.scan(f, init, xs, length=length, reverse=reverse)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     _forward_mode.refuse(method, (init, xs, consts))
@@ -116,18 +120,18 @@ def scan(
     return carry, ys
 
 
-def _auto_choice(method: Auto, num_steps: int, step, init, xs, consts) -> Method:
-    """What ``Auto()`` runs for this scan: it depends on the size of a step's Jacobian and on
-    the ``jax.vmap`` batch the scan is traced under (plain back-propagation when large)."""
-    x_example = jax.tree.map(unstacked, xs)
-    jac_t = jax.eval_shape(step, init, x_example, *consts)[2]
-    size = sum(math.prod(jnp.shape(x)) for x in jax.tree.leaves(init) if is_float(x))
-    element = None
-    if jac_t is not None:  # an analytic Jacobian, as stored
-        fields = (getattr(jac_t, name) for name in jac_t.stacked_fields)
-        element = sum(math.prod(x.shape) for x in fields if x is not None)
-    batch = vmapped_batch_size((init, xs))
-    return method.choose(num_steps, size, batch=batch, element=element)
+def _footprint(step, init, xs, consts, num_steps: int, analytic: bool, batch: int):
+    """What the memory guard and ``Auto()`` know of a scan, from the shapes of its Jacobians."""
+    layout = Layout.of(init, concat_last=analytic)
+    carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct((num_steps, *a.shape), a.dtype), init)
+    _, jac_t = jax.eval_shape(steps_with_jacobians(step, layout, analytic), consts, carries, xs)
+    return _memory.footprint(
+        jac_t,
+        state=sum(math.prod(shape) for shape in layout.shapes),
+        length=num_steps,
+        itemsize=jnp.dtype(layout.dtype).itemsize,
+        batch=batch,
+    )
 
 
 def estimate_memory(
@@ -169,16 +173,7 @@ def estimate_memory(
     x_example = jax.tree.map(unstacked, xs)
     analytic = has_analytic_jacobian(f, init, x_example)
     step, consts = jax.closure_convert(with_jacobian(f, analytic), init, x_example)
-    layout = Layout.of(init, concat_last=analytic)
-    carries = jax.tree.map(lambda a: jax.ShapeDtypeStruct((num_steps, *a.shape), a.dtype), init)
-    _, jac_t = jax.eval_shape(steps_with_jacobians(step, layout, analytic), consts, carries, xs)
-    fp = _memory.footprint(
-        jac_t,
-        state=sum(math.prod(shape) for shape in layout.shapes),
-        length=num_steps,
-        itemsize=jnp.dtype(layout.dtype).itemsize,
-        batch=batch,
-    )
+    fp = _footprint(step, init, xs, consts, num_steps, analytic, batch)
     return _memory.estimate(method if method.uses_jacobians else Sequential(), fp)
 
 
