@@ -39,16 +39,12 @@ import optax
 import bppsa
 from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
-from experiments._records import JsonLines, run_metadata
+from experiments._records import JsonLines, resume_points
 from experiments._timing import timed
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 PHASES = ("forward", "forward_jacobians", "bp", "bppsa")
 _DIGITS = 7
-
-
-class ResultsFolderError(ValueError):
-    """A results folder that cannot be resumed (e.g. it holds another configuration)."""
 
 
 def forward_with_jacobians(model: SequenceClassifier, params: dict, xs, labels):
@@ -153,31 +149,7 @@ def run_breakdown(
     log = JsonLines(pathlib.Path(out_dir) / BREAKDOWN_LOG)
     if overwrite:
         log.path.unlink(missing_ok=True)
-    rows = log.read()
-    metadata = run_metadata(config)
-    first = next((row for row in rows if row.get("kind") == "sweep"), None)
-    if first is not None and first["config"] != metadata["config"]:
-        changed = sorted(
-            k
-            for k in first["config"].keys() | metadata["config"].keys()
-            if first["config"].get(k) != metadata["config"].get(k)
-        )
-        raise ResultsFolderError(
-            f"{log.path} holds a breakdown with another configuration (differs in: "
-            f"{', '.join(changed)}); choose another output folder or name, or overwrite it."
-        )
-    log.append({"kind": "sweep"} | metadata)
-    done = [row for row in rows if row.get("kind") == "point"]
-    finished = [row["point"] for row in done]
-    for point in points:
-        if point in finished:
-            continue
-        row = {"kind": "point", "point": point} | measure_point(point)
-        log.append(row)
-        done.append(row)
-        if on_point is not None:
-            on_point(row)
-    return done
+    return resume_points(log, config, points, measure_point, what="breakdown", on_point=on_point)
 
 
 def table(rows: Iterable[dict[str, Any]]) -> str:

@@ -18,8 +18,8 @@ import bppsa
 from bppsa.data import irmas
 from bppsa.models import GRU, SequenceClassifier
 from experiments import _irmas_breakdown, _methods
-from experiments._irmas_breakdown import ResultsFolderError
 from experiments._irmas_data import Clips
+from experiments._records import ResultsFolderError
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
 
 

@@ -157,3 +157,54 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> tuple[Any, dict[str, 
             "remove it or use another output folder"
         )
     return jax.tree.unflatten(treedef, [jax.numpy.asarray(x) for x in leaves]), extra
+
+
+class ResultsFolderError(ValueError):
+    """A results folder that cannot be resumed: it holds results of another configuration."""
+
+
+def config_mismatch(path: os.PathLike | str, what: str, old: dict, new: dict) -> ResultsFolderError:
+    """The error for resuming into ``path``, which holds a ``what`` run with config ``old``."""
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    diffs = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
+    return ResultsFolderError(
+        f"{path} holds a {what} with another configuration ({diffs}); choose another output "
+        "folder or name, or overwrite it."
+    )
+
+
+def resume_points(
+    log: JsonLines,
+    config: dict[str, Any],
+    points: Iterable[dict[str, Any]],
+    measure: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    what: str,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Measures every point not yet in ``log``; returns all point rows, old and new.
+
+    The log holds a ``sweep`` row (run metadata with ``config``) per session and a ``point`` row
+    (``{"kind": "point", "point": point} | measure(point)``) per finished point, so a restarted
+    run measures only the missing points.
+
+    Raises:
+        ResultsFolderError: when ``log`` holds a ``what`` with another configuration.
+    """
+    rows = log.read()
+    metadata = run_metadata(config)
+    first = next((row for row in rows if row.get("kind") == "sweep"), None)
+    if first is not None and first["config"] != metadata["config"]:
+        raise config_mismatch(log.path, what, first["config"], metadata["config"])
+    log.append({"kind": "sweep"} | metadata)
+    done = [row for row in rows if row.get("kind") == "point"]
+    finished = [row["point"] for row in done]
+    for point in points:
+        if point in finished:
+            continue
+        row = {"kind": "point", "point": point} | measure(point)
+        log.append(row)
+        done.append(row)
+        if on_point is not None:
+            on_point(row)
+    return done

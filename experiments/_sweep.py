@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from experiments._records import JsonLines, run_metadata
+from experiments._records import JsonLines, resume_points
 from experiments._training import Trainer, run_together, step_rows
 
 SWEEP_LOG = "sweep.jsonl"
@@ -102,32 +102,18 @@ def run_sweep(
         on_point: called with each new point row (e.g. to print it).
 
     Raises:
-        ValueError: when ``out_dir`` holds a sweep with another configuration.
+        ResultsFolderError: (a ``ValueError``) when ``out_dir`` holds a sweep with another
+            configuration.
     """
-    log = JsonLines(pathlib.Path(out_dir) / SWEEP_LOG)
-    rows = log.read()
-    first = next((row for row in rows if row.get("kind") == "sweep"), None)
-    metadata = run_metadata(config)
-    if first is not None and first["config"] != metadata["config"]:
-        raise ValueError(
-            f"{out_dir} holds a sweep with another configuration; choose another output folder "
-            "or name, or overwrite it."
-        )
-    log.append({"kind": "sweep"} | metadata)
-    done = [row for row in rows if row.get("kind") == "point"]
-    finished = [row["point"] for row in done]
-    for point in points:
-        if point in finished:
-            continue
+
+    def measure(point):
         trainers = make_trainers(point)
         run_together(list(trainers.values()), chunk=chunk)
         runs = {name: trainer.rows() for name, trainer in trainers.items()}
-        row = {"kind": "point", "point": point} | compare(runs, baseline, skip)
-        log.append(row)
-        done.append(row)
-        if on_point is not None:
-            on_point(row)
-    return done
+        return compare(runs, baseline, skip)
+
+    log = JsonLines(pathlib.Path(out_dir) / SWEEP_LOG)
+    return resume_points(log, config, points, measure, what="sweep", on_point=on_point)
 
 
 def _quartiles(values: list[float]) -> dict[str, float | None]:

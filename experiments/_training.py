@@ -43,7 +43,13 @@ from tqdm.auto import tqdm
 
 import bppsa
 from experiments import _methods
-from experiments._records import JsonLines, load_checkpoint, run_metadata, save_checkpoint
+from experiments._records import (
+    JsonLines,
+    config_mismatch,
+    load_checkpoint,
+    run_metadata,
+    save_checkpoint,
+)
 from experiments._timing import timed
 
 Batch = tuple[Any, ...]
@@ -180,7 +186,7 @@ class Trainer:
             return self._state.iteration
         sessions = [row for row in self.log.read() if row.get("kind") == "session"]
         if sessions and sessions[0]["config"] != self.config:
-            raise ValueError(_config_mismatch(self.out_dir, sessions[0]["config"], self.config))
+            raise config_mismatch(self.out_dir, "run", sessions[0]["config"], self.config)
         opt_state = self.optimizer.init(self.task.params)
         loaded = load_checkpoint(self._checkpoint, like=(self.task.params, opt_state))
         if loaded is not None and not sessions:
@@ -412,12 +418,3 @@ def _prepend(first: Batch, rest: Iterator[Batch]) -> Iterator[Batch]:
 
 def _round(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds, _DIGITS)
-
-
-def _config_mismatch(out_dir: pathlib.Path, old: dict, new: dict) -> str:
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    diffs = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
-    return (
-        f"{out_dir} holds a run with another configuration ({diffs}); choose another output "
-        "folder or run name, or overwrite it."
-    )

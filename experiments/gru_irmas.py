@@ -40,9 +40,9 @@ from collections.abc import Sequence
 
 from bppsa.data import irmas, irmas_fixture
 from experiments import _cli, _irmas_breakdown, _methods, _report
-from experiments._irmas_breakdown import ResultsFolderError
 from experiments._irmas_data import Clips, load_clips
 from experiments._irmas_runs import PRESETS, Config, breakdown, train
+from experiments._records import ResultsFolderError
 from experiments._sweep import compare
 
 __all__ = ["PRESETS", "Config", "breakdown", "main", "train"]
