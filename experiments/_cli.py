@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from experiments import _methods
+
 
 def positive_int(text: str) -> int:
     try:
@@ -29,3 +31,12 @@ def positive_float(text: str) -> float:
     if not 0 < value < math.inf:  # also refuses nan
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def method_name(text: str) -> str:
+    """A backward method's name as ``experiments._methods`` knows it."""
+    try:
+        _methods.parse_method(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Sequence
 
 from bppsa.data import irmas, irmas_fixture
-from experiments import _cli, _irmas_breakdown, _methods, _report
+from experiments import _cli, _irmas_breakdown, _report
 from experiments._irmas_data import Clips, load_clips
 from experiments._irmas_runs import PRESETS, Config, breakdown, train
 from experiments._records import ResultsFolderError
@@ -58,14 +58,6 @@ def _variant(text: str) -> str:
         return irmas.resolve_variant(text).name
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _method_name(text: str) -> str:
-    try:
-        _methods.parse_method(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
     b.add_argument(
         "--method",
-        type=_method_name,
+        type=_cli.method_name,
         default="bppsa",
         help="the BPPSA method: bppsa (bppsa.Auto()), blelloch, chunked, chunked-C",
     )
@@ -121,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         "--method",
         dest="methods",
         nargs="+",
-        type=_method_name,
+        type=_cli.method_name,
         default=["bp", "bppsa"],
         metavar="NAME",
         help="backward methods (default: bp bppsa)",

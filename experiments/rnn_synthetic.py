@@ -288,14 +288,6 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _method_name(text: str) -> str:
-    try:
-        _methods.parse_method(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.rnn_synthetic",
@@ -312,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
         "--methods",
         dest="methods",
         nargs="+",
-        type=_method_name,
+        type=_cli.method_name,
         default=["bp", "bppsa"],
         metavar="NAME",
         help="backward methods: bp (back-propagation), bppsa (bppsa.Auto(): Blelloch on "
