@@ -130,12 +130,19 @@ def clip_features(samples: np.ndarray, variant: Variant) -> np.ndarray:
     librosa, _ = audio_libraries()
     if samples.ndim != 2 or samples.shape[0] != CHANNELS:
         raise ValueError(f"samples must have shape (2, n), got {samples.shape}.")
-    mfcc = librosa.feature.mfcc(
-        y=np.asarray(samples, np.float32),
-        sr=SAMPLE_RATE,
-        n_mfcc=variant.n_mfcc,
-        n_fft=variant.n_fft,
-        hop_length=variant.hop_length,
+    # One channel at a time: a channel's features then do not depend on its position in the
+    # array (librosa's batched transforms round differently per position).
+    mfcc = np.stack(
+        [
+            librosa.feature.mfcc(
+                y=np.ascontiguousarray(channel, np.float32),
+                sr=SAMPLE_RATE,
+                n_mfcc=variant.n_mfcc,
+                n_fft=variant.n_fft,
+                hop_length=variant.hop_length,
+            )
+            for channel in samples
+        ]
     )[:, 1:, :]  # (channel, coefficient, frame), 0th coefficient dropped
     mfcc = mfcc.astype(np.float64)
     mean = mfcc.mean(axis=-1, keepdims=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-FORMAT = 1  # bump when the features or the file format change
+FORMAT = 2  # bump when the features or the file format change
 
 
 def default_cache_dir() -> pathlib.Path:
