@@ -58,8 +58,8 @@ def parse_method(name: str) -> bppsa.Method:
     ``chunked-C-bK`` (C chunks in time blocks of K steps)."""
     if name.startswith("chunked-"):
         parts = name.split("-")[1:]
-        block = int(parts[1][1:]) if len(parts) > 1 else None
-        return bppsa.Chunked(int(parts[0]), block=block)
+        method = bppsa.Chunked(int(parts[0]))
+        return bppsa.Blocked(method, int(parts[1][1:])) if len(parts) > 1 else method
     if name == "sequential-jacobians":
         return bppsa.Sequential(jacobians=True)
     return resolve(name)
@@ -97,6 +97,9 @@ def scan_work(method: bppsa.Method, length: int, batch: int, hidden: int) -> flo
     """Modelled floating-point operations of the scan alone (2 per multiply-add); for
     ``Auto()``, pass the method it chooses."""
     matvec = 2 * length * batch * hidden**2
+    if isinstance(method, bppsa.Blocked):  # the inner method over blocks of ``block`` steps
+        block = min(method.block, length)
+        return scan_work(method.method, block, batch, hidden) * length / block
     if isinstance(method, bppsa.Blelloch):
         return 2 * length * batch * hidden**3 + 2 * matvec
     if isinstance(method, bppsa.Chunked):

@@ -1,33 +1,38 @@
 """bppsa: back-propagation as a parallel scan (BPPSA, MLSys 2020) for JAX.
 
-Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass),
-:func:`grad` and :func:`value_and_grad` (``jax.grad`` with the backward method chosen in one
-place), the methods :class:`Auto`, :class:`Blelloch`, :class:`Chunked` and :class:`Sequential`,
-and the memory guard's :func:`estimate_memory` and :class:`MemoryLimitError`.
+Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass; also the
+subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
+(``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
+:class:`Blelloch`, :class:`Blocked`, :class:`Chunked` and :class:`Sequential` (subclasses of
+:class:`Method`), the memory guard's :func:`estimate_memory` and :class:`MemoryLimitError`,
+:func:`trace_plans` (what each traced scan decided) and :class:`AnalyticJacobianWarning`.
 """
 
-# The subpackage ``bppsa.scan`` (scan algorithms) is imported first: the function ``scan``
-# below then takes its name as an attribute of ``bppsa``. ``from bppsa.scan import ...`` still
-# reaches the subpackage through ``sys.modules``.
 from bppsa import jacobians, models, scan
-from bppsa._grad import grad, value_and_grad
-from bppsa._memory import MemoryLimitError
-from bppsa._scan import estimate_memory, scan  # noqa: F811
-from bppsa.scan import Auto, Blelloch, Chunked, Method, Sequential
+from bppsa._core.api import estimate_memory
+from bppsa._core.grad import grad, value_and_grad
+from bppsa._core.memory import MemoryLimitError
+from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential
+from bppsa._core.plans import ScanPlan, trace_plans
+from bppsa.jacobians import AnalyticJacobianWarning
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnalyticJacobianWarning",
     "Auto",
     "Blelloch",
+    "Blocked",
     "Chunked",
     "MemoryLimitError",
     "Method",
+    "ScanPlan",
     "Sequential",
     "estimate_memory",
     "grad",
     "jacobians",
     "models",
     "scan",
+    "trace_plans",
     "value_and_grad",
 ]

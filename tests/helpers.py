@@ -37,34 +37,70 @@ def assert_trees_close(actual, expected, dtype) -> None:
 
 
 def cell_problem(cell, length, batch, hidden, dtype, inputs=3, seed=0):
-    """Parameters (PyTorch init), inputs ``(batch, length, inputs)`` and two read-out vectors."""
-    keys = jax.random.split(jax.random.key(seed), 4)
+    """Parameters (PyTorch init), inputs ``(batch, length, inputs)``, two read-out vectors and a
+    non-zero initial state per example (so that its cotangent is not trivially that of zero)."""
+    keys = jax.random.split(jax.random.key(seed), 5)
     params = cell.init(inputs, hidden, key=keys[0], dtype=dtype)
     xs = jax.random.normal(keys[1], (batch, length, inputs), dtype)
     head = jax.random.normal(keys[2], (hidden,), dtype)
     head_every = jax.random.normal(keys[3], (hidden,), dtype)
-    return params, xs, (head, head_every)
+    state = cell.initial_state(hidden, dtype)
+    leaves, treedef = jax.tree.flatten(state)
+    init = treedef.unflatten(
+        [
+            0.5 * jax.random.normal(k, (batch, *leaf.shape), dtype)
+            for k, leaf in zip(jax.random.split(keys[4], len(leaves)), leaves)
+        ]
+    )
+    return params, xs, (head, head_every), init
 
 
 def cell_loss(cell, scan, where):
-    """A scalar loss of ``(params, xs, heads)``: one scan per example, vmapped over the batch.
+    """A scalar loss of ``(params, xs, heads, init)``: one scan per example, vmapped.
 
     ``where="last"``: read-out of the final state (the cotangent enters on the carry only);
     ``"every"``: read-outs of every step (cotangents on every ``y_t``, none on the carry).
     """
 
-    def loss(params, xs, heads):
+    def loss(params, xs, heads, init):
         head, head_every = heads
-        hidden = head.shape[0]
 
-        def one(x):
+        def one(x, state):
             def body(state, x_t):
                 state = cell(params, state, x_t)
                 return state, cell.output(state) @ head_every
 
-            state, ys = scan(body, cell.initial_state(hidden, x.dtype), x)
+            state, ys = scan(body, state, x)
             return cell.output(state) @ head if where == "last" else ys.sum()
 
-        return jax.vmap(one)(xs).sum()
+        return jax.vmap(one)(xs, init).sum()
 
     return loss
+
+
+def assert_path(plans, method, jacobians="analytic") -> None:
+    """Asserts what the scans traced under ``bppsa.trace_plans()`` ran: the concrete ``method``
+    (also for the backward pass, unless it is plain ``lax.scan``) and the Jacobians' kind."""
+    assert plans, "no bppsa.scan was traced (a cached trace records nothing)"
+    for plan in plans:
+        assert plan.method == method, (plan.method, method)
+        assert plan.jacobians == jacobians, (plan.jacobians, jacobians)
+        if method.uses_jacobians:
+            assert plan.backward == method, (plan.backward, method)
+        else:
+            assert plan.backward is None, plan.backward
+
+
+def classifier_loss_reference(model, params, xs, labels):
+    """``SequenceClassifier.loss`` written with ``jax.lax.scan``: the reference for its
+    gradients (independent of bppsa's dispatch)."""
+
+    def logits(x):
+        state0 = model.cell.initial_state(model.hidden_size, x.dtype)
+        state, _ = jax.lax.scan(
+            lambda s, x_t: (model.cell(params["cell"], s, x_t), None), state0, x
+        )
+        return params["head"]["weight"] @ model.cell.output(state) + params["head"]["bias"]
+
+    log_probs = jax.nn.log_softmax(jax.vmap(logits)(xs))
+    return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))

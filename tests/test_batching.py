@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa._batching import vmapped_batch_size
+from bppsa._core.tracing import vmapped_batch_size
 from bppsa.models import GRU, RNN, gru_cell, rnn_cell
 from tests.helpers import assert_trees_close
 
@@ -39,29 +39,32 @@ def uses_custom_vjp(fn, *args) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("cell", "cell_fn", "small", "large"), [(RNN(), rnn_cell, 16, 128), (GRU(), gru_cell, 4, 32)]
+    ("cell", "cell_fn", "element", "small", "large"),
+    [(RNN(), rnn_cell, 20, 16, 128), (GRU(), gru_cell, 80, 4, 32)],
 )
-def test_auto_back_propagates_large_cpu_batches(cell, cell_fn, small, large):
+def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
+    """Auto() runs what choose() says for the vmapped batch (on CPUs: a Jacobian method for the
+    small batch, plain back-propagation, i.e. no custom VJP, for the large one)."""
     hidden = 20
     params = cell.init(1, hidden, key=jax.random.key(0))
 
-    def loss(params, xs, method):
+    def loss(params, xs, scan):
         def one(x):
-            h, _ = bppsa.scan(
-                lambda h, x_t: (cell_fn(params, h, x_t), None),
-                jnp.zeros(hidden),
-                x,
-                method=method,
-            )
+            h, _ = scan(lambda h, x_t: (cell_fn(params, h, x_t), None), jnp.zeros(hidden), x)
             return jnp.sum(h**2)
 
         return jnp.sum(jax.vmap(one)(xs))
 
-    for batch, parallel in ((small, True), (large, False)):
+    for batch in (small, large):
+        runs = bppsa.Auto().choose(30, hidden, batch=batch, element=element)
         xs = jax.random.normal(jax.random.key(batch), (batch, 30, 1))
-        auto = jax.grad(lambda p, xs: loss(p, xs, bppsa.Auto()))
-        reference = jax.grad(lambda p, xs: loss(p, xs, "sequential"))
-        forward = lambda p, xs: loss(p, xs, bppsa.Auto())
-        on_cpu = jax.default_backend() == "cpu"  # accelerators keep the parallel scan
-        assert uses_custom_vjp(forward, params, xs) == (parallel or not on_cpu)
-        assert_trees_close(jax.jit(auto)(params, xs), jax.jit(reference)(params, xs), jnp.float32)
+        with bppsa.trace_plans() as plans:
+            actual = jax.jit(jax.grad(lambda p, xs: loss(p, xs, bppsa.scan)))(params, xs)
+        assert [(plan.batch, plan.method) for plan in plans] == [(batch, runs)]
+        assert uses_custom_vjp(lambda p, xs: loss(p, xs, bppsa.scan), params, xs) == (
+            runs.uses_jacobians
+        )
+        expected = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))(params, xs)
+        assert_trees_close(actual, expected, jnp.float32)
+    on_cpu = jax.default_backend() == "cpu"
+    assert bppsa.Auto().choose(30, hidden, batch=large, element=element).uses_jacobians != on_cpu

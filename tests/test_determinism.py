@@ -46,7 +46,7 @@ def bits(tree):
     "kind,method",
     [
         ("gru", bppsa.Blelloch()),
-        ("gru", bppsa.Chunked(3, block=64)),
+        ("gru", bppsa.Blocked(bppsa.Chunked(3), 64)),
         ("gru", bppsa.Auto()),
         ("autodiff", bppsa.Blelloch()),
         ("autodiff", bppsa.Chunked()),

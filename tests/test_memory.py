@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa import _memory
+from bppsa._core import memory as _memory
+from bppsa._core.methods.fallbacks import FALLBACKS
 from bppsa.models import GRU, LSTM, RNN
 from tests.helpers import assert_trees_close
 
@@ -49,7 +50,7 @@ def xla_bytes(fn, *args):
     [
         ("rnn", bppsa.Blelloch()),
         ("gru", bppsa.Chunked()),
-        ("gru", bppsa.Chunked(1, block=64)),
+        ("gru", bppsa.Blocked(bppsa.Chunked(1), 64)),
         ("lstm", bppsa.Blelloch()),
         ("autodiff", bppsa.Chunked(1)),
     ],
@@ -76,7 +77,7 @@ def test_estimate_orders_methods_and_scales():
         return bppsa.estimate_memory(body, init, spec, method=method, batch=batch)
 
     blelloch, chunked = estimate(bppsa.Blelloch()), estimate(bppsa.Chunked())
-    blocked = estimate(bppsa.Chunked(1, block=64))
+    blocked = estimate(bppsa.Blocked(bppsa.Chunked(1), 64))
     assert blelloch > chunked > blocked
     assert estimate(bppsa.Blelloch(), batch=2 * B) == pytest.approx(2 * blelloch, rel=1e-6)
     assert estimate(bppsa.Blelloch(), length=2 * T) == pytest.approx(2 * blelloch, rel=1e-6)
@@ -100,7 +101,7 @@ def test_explicit_method_over_the_limit_raises_with_estimate_limit_and_alternati
     spec = jax.ShapeDtypeStruct((T, 2), jnp.float32)
     needs = bppsa.estimate_memory(body_of("rnn", params), init, spec, method="blelloch", batch=B)
     small = bppsa.estimate_memory(
-        body_of("rnn", params), init, spec, method=bppsa.Chunked(1, block=64), batch=B
+        body_of("rnn", params), init, spec, method=bppsa.Blocked(bppsa.Chunked(1), 64), batch=B
     )
     limit = limit_between(small, needs)
     with pytest.raises(bppsa.MemoryLimitError) as info:
@@ -108,9 +109,14 @@ def test_explicit_method_over_the_limit_raises_with_estimate_limit_and_alternati
     err = info.value
     assert err.estimate == needs and err.limit == limit
     assert err.alternatives and all(b <= limit for _, b in err.alternatives)
-    assert bppsa.Chunked(1, block=64) in [m for m, _ in err.alternatives]
+    assert bppsa.Blocked(bppsa.Sequential(jacobians=True), 64) in [m for m, _ in err.alternatives]
     message = str(err)
-    for text in ("Blelloch()", _memory.human(needs), _memory.human(limit), "Chunked(chunks=1"):
+    for text in (
+        "Blelloch()",
+        _memory.human(needs),
+        _memory.human(limit),
+        "Blocked(method=Sequential(jacobians=True)",
+    ):
         assert text in message, (text, message)
     assert f"{B} vmapped examples" in message and f"T={T}" in message
 
@@ -158,12 +164,13 @@ def test_automatic_method_raises_when_nothing_fits():
 
 def test_fit_prefers_the_largest_fallback_that_fits():
     fp = _memory.Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
-    estimates = {m: _memory.estimate(m, fp) for m in _memory.FALLBACKS}
-    chosen = bppsa.Chunked(1, block=1024)
-    limit = limit_between(estimates[bppsa.Chunked(1, block=256)], estimates[chosen])
-    assert _memory.fit(bppsa.Auto(), fp, limit, backend="cpu") == bppsa.Chunked(1, block=256)
-    assert _memory.fit(bppsa.Auto(), fp, math.inf, backend="cpu") == chosen
-    assert _memory.fit(bppsa.Auto(), fp, math.inf, backend="gpu") == bppsa.Blelloch()
+    estimates = {m: m.memory(fp) for m in FALLBACKS}
+    chosen = bppsa.Blocked(bppsa.Sequential(jacobians=True), 1024)
+    smaller = bppsa.Blocked(bppsa.Sequential(jacobians=True), 256)
+    limit = limit_between(estimates[smaller], estimates[chosen])
+    assert bppsa.Auto().fit(fp, limit, backend="cpu") == smaller
+    assert bppsa.Auto().fit(fp, math.inf, backend="cpu") == chosen
+    assert bppsa.Auto().fit(fp, math.inf, backend="gpu") == bppsa.Blelloch()
 
 
 def test_the_vmapped_batch_counts():

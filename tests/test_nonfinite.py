@@ -15,7 +15,7 @@ from tests.helpers import RTOL
 T, H, I = 12, 4, 2
 # The three ways of scanning: Blelloch's levels, chunks, and a sequential scan in time blocks
 # (what Auto() uses on CPU).
-METHODS = ["blelloch", bppsa.Chunked(3), bppsa.Chunked(1, block=5)]
+METHODS = ["blelloch", bppsa.Chunked(3), bppsa.Blocked(bppsa.Chunked(1), 5)]
 
 
 def assert_same_nonfinite(actual, expected, dtype=jnp.float32, kinds=True):
@@ -135,7 +135,7 @@ def check(cell, where, inputs, method="auto", reverse=False, jit=False):
     return (jax.jit(grad) if jit else grad)(*inputs)
 
 
-@pytest.mark.parametrize("method", ["blelloch", bppsa.Chunked(1, block=5)], ids=str)
+@pytest.mark.parametrize("method", ["blelloch", bppsa.Blocked(bppsa.Chunked(1), 5)], ids=str)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_check_names_the_earliest_nonfinite_jacobian(method, reverse):
     params, xs = problem(RNN())
@@ -148,7 +148,7 @@ def test_check_names_the_step_whose_output_cotangent_is_not_finite():
     params, xs = problem(GRU())
     inputs = poison("nan_cotangent_of_y", params, xs, jnp.zeros(H), jnp.ones(T))
     with pytest.raises(FloatingPointError, match=r"arises at time step xs\[5\]: the cotangent"):
-        check(GRU(), "every", inputs, bppsa.Chunked(1, block=5))
+        check(GRU(), "every", inputs, bppsa.Blocked(bppsa.Chunked(1), 5))
 
 
 def test_check_names_the_final_carry_and_an_overflow():

@@ -1,11 +1,17 @@
-"""bppsa.grad through bppsa.scan equals jax.grad through jax.lax.scan (back-propagation)."""
+"""bppsa.grad through bppsa.scan equals jax.grad through jax.lax.scan (back-propagation).
+
+Every check differentiates in the parameters, the inputs ``xs`` and a non-zero initial state,
+and asserts the path it exercised: the concrete method that ran (forward and backward) and that
+the cells' analytic Jacobians were used.
+"""
 
 import jax
 import pytest
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
-from tests.helpers import assert_trees_close, cell_loss, cell_problem
+from bppsa.scan import resolve
+from tests.helpers import assert_path, assert_trees_close, cell_loss, cell_problem
 
 CELLS = {"rnn": RNN(), "rnn_relu": RNN("relu"), "gru": GRU(), "lstm": LSTM()}
 METHODS = [
@@ -17,12 +23,22 @@ METHODS = [
 ]
 
 
-def check_cell(cell, method, length, batch, hidden, dtype, where):
-    params, xs, heads = cell_problem(cell, length, batch, hidden, dtype)
-    expected = jax.jit(jax.grad(cell_loss(cell, jax.lax.scan, where)))(params, xs, heads)
-    actual = jax.jit(bppsa.grad(cell_loss(cell, bppsa.scan, where), method=method))(
-        params, xs, heads
-    )
+# Floats one step's analytic Jacobian keeps per example (what Auto() weighs): the RNN's
+# W^T diag(d) keeps d, the GRU's three gate scales and diag(z), the LSTM's a dense (2H, 2H).
+JACOBIAN_FLOATS = {"rnn": lambda h: h, "gru": lambda h: 4 * h, "lstm": lambda h: 4 * h * h}
+ARGNUMS = (0, 1, 3)  # params, xs, init
+
+
+def check_cell(cell, method, length, batch, hidden, dtype, where, runs=None):
+    """``runs``: the concrete method expected to run (default: ``method`` itself)."""
+    params, xs, heads, init = cell_problem(cell, length, batch, hidden, dtype)
+    args = (params, xs, heads, init)
+    expected = jax.jit(jax.grad(cell_loss(cell, jax.lax.scan, where), argnums=ARGNUMS))(*args)
+    with bppsa.trace_plans() as plans:
+        actual = jax.jit(
+            bppsa.grad(cell_loss(cell, bppsa.scan, where), argnums=ARGNUMS, method=method)
+        )(*args)
+    assert_path(plans, resolve(method) if runs is None else runs)
     assert_trees_close(actual, expected, dtype)
 
 
@@ -65,17 +81,42 @@ def test_hidden_and_batch_sizes(cell, hidden, batch, dtype):
 
 
 @pytest.mark.parametrize("length,where", [(17, "every"), (64, "last")])
-@pytest.mark.parametrize("method", [bppsa.Chunked(1, block=16), bppsa.Chunked(3, block=7)], ids=str)
+@pytest.mark.parametrize(
+    "method", [bppsa.Blocked(bppsa.Chunked(1), 16), bppsa.Blocked(bppsa.Chunked(3), 7)], ids=str
+)
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_time_blocks_match_back_propagation(cell, method, length, where, dtype):
     """Blocks that divide T and that do not (a shorter first block)."""
     check_cell(CELLS[cell], method, length, 4, 8, dtype, where)
 
 
-@pytest.mark.parametrize("method", ["blelloch", "chunked", "auto"])
+@pytest.mark.parametrize("method", ["blelloch", "chunked"])
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_long_sequences(cell, method, dtype):
     check_cell(CELLS[cell], method, 1000, 16, 20, dtype, "last")
+
+
+# Batches and sizes at which Auto() keeps a Jacobian method on every backend (on CPUs it runs
+# plain back-propagation above 1024 Jacobian floats per step over the batch).
+AUTO_CASES = {"rnn": (16, 20), "gru": (4, 20), "lstm": (2, 10)}
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_long_sequences_with_auto(cell, dtype):
+    batch, hidden = AUTO_CASES[cell]
+    element = JACOBIAN_FLOATS[cell](hidden)
+    runs = bppsa.Auto().choose(1000, hidden, batch=batch, element=element)
+    assert runs.uses_jacobians  # else this would compare lax.scan with itself
+    check_cell(CELLS[cell], "auto", 1000, batch, hidden, dtype, "last", runs=runs)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_auto_back_propagates_where_it_says(cell):
+    """Large batches: Auto() runs what choose() says (plain BP on CPUs), still BP's gradients."""
+    batch, hidden = 16, 20
+    element = JACOBIAN_FLOATS[cell](hidden)
+    runs = bppsa.Auto().choose(100, hidden, batch=batch, element=element)
+    check_cell(CELLS[cell], "auto", 100, batch, hidden, "float32", "every", runs=runs)
 
 
 def test_plain_sequential_is_lax_scan(dtype):

@@ -35,7 +35,7 @@ def both(loss, *args, argnums=0, method=METHOD):
     return actual, expected
 
 
-@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+@pytest.mark.parametrize("method", [METHOD, bppsa.Blocked(bppsa.Chunked(2), 4)], ids=str)
 def test_pytree_carry_and_outputs(problem, method):
     params, xs, dtype = problem
 
@@ -84,7 +84,7 @@ def test_integer_step_counter_and_xs_none(problem):
     assert_trees_close(*both(loss, params), dtype)
 
 
-@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+@pytest.mark.parametrize("method", [METHOD, bppsa.Blocked(bppsa.Chunked(2), 4)], ids=str)
 def test_carry_without_float_leaves(problem, method):
     params, xs, dtype = problem
 
@@ -96,7 +96,7 @@ def test_carry_without_float_leaves(problem, method):
     assert_trees_close(*both(loss, params, xs, argnums=(0, 1), method=method), dtype)
 
 
-@pytest.mark.parametrize("method", [METHOD, bppsa.Chunked(2, block=4)], ids=str)
+@pytest.mark.parametrize("method", [METHOD, bppsa.Blocked(bppsa.Chunked(2), 4)], ids=str)
 def test_integer_and_boolean_xs_get_no_gradient(problem, method):
     params, xs, dtype = problem
     mask = jnp.arange(T) % 2 == 0
@@ -281,8 +281,10 @@ def test_scan_method_argument_beats_the_grad_method(monkeypatch, problem):
     assert used == [1]
     bppsa.grad(loss, method="blelloch")(params)
     assert used == [1, 1]
-    bppsa.grad(loss)(params)  # the default (Auto) picks the sequential scan on CPU
-    assert used == [1, 1]
+    with bppsa.trace_plans() as plans:
+        bppsa.grad(loss)(params)  # the default: what Auto() picks for this scan and backend
+    assert plans[0].requested == bppsa.Auto()
+    assert used == [1, 1] + [1] * (plans[0].method == bppsa.Blelloch())
 
 
 def test_zero_length_and_plain_forward(problem):

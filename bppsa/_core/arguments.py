@@ -3,8 +3,8 @@
 :func:`check_arguments` catches what ``jax.lax.scan`` leaves to XLA or to an ``IndexError`` (a
 negative length, ``xs`` leaves without a leading axis, non-array leaves) or lets through
 silently (a length of 3.5 runs 3 steps); :func:`check_like_lax_scan` then runs ``lax.scan``'s own
-checks (shape-only), so that its errors read as its errors; :func:`refuse_complex` is the one
-restriction of the parallel methods (real carries).
+checks (shape-only), so that its errors read as its errors; :func:`refuse_complex` is the error
+of the one restriction of the parallel methods (real carries).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-
-from bppsa.scan import Auto, Method, Sequential
 
 
 def check_arguments(init, xs, length) -> int | None:
@@ -50,18 +48,16 @@ def check_arguments(init, xs, length) -> int | None:
     return steps
 
 
-def refuse_complex(method: Method, init) -> Method:
-    """The parallel backward builds real Jacobians: complex carries need back-propagation.
-
-    ``Auto()`` then uses it (``Sequential()``); an explicit parallel method raises."""
-    complex_leaves = [
+def complex_leaves(init) -> list:
+    """The leaves of ``init`` with complex dtypes (the parallel methods need real carries)."""
+    return [
         x for x in jax.tree.leaves(init) if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating)
     ]
-    if not complex_leaves or not method.uses_jacobians:
-        return method
-    if isinstance(method, Auto):
-        return Sequential()
-    kinds = ", ".join(f"{jnp.result_type(x).name}{list(jnp.shape(x))}" for x in complex_leaves)
+
+
+def refuse_complex(method, leaves) -> None:
+    """The error for an explicit method whose Jacobians are real, on a complex carry."""
+    kinds = ", ".join(f"{jnp.result_type(x).name}{list(jnp.shape(x))}" for x in leaves)
     raise TypeError(
         f"bppsa.scan: the carry has complex leaves ({kinds}), which the backward method "
         f"{method!r} does not support (its Jacobians are real); use method='sequential' "

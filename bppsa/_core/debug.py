@@ -20,46 +20,16 @@ error, with the same message inside.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.scan import Linear
+from bppsa.scan._elements import MapStack
 
 # Per-step flags (bits).
 JACOBIAN, OUTPUT, CARRY = 1, 2, 4
-
-_ambient: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
-    "bppsa_check_finite", default=None
-)
-
-
-def resolve(check_finite: bool | None) -> bool:
-    """A scan's own setting, else the one of the enclosing ``bppsa.grad``, else False."""
-    if check_finite is None:
-        return bool(_ambient.get())
-    return validate(check_finite)
-
-
-def validate(check_finite) -> bool:
-    if not isinstance(check_finite, bool):
-        raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}.")
-    return check_finite
-
-
-@contextlib.contextmanager
-def ambient(check_finite: bool) -> Iterator[None]:
-    """Within the block, scans without their own ``check_finite`` use ``check_finite``."""
-    token = _ambient.set(validate(check_finite))
-    try:
-        yield
-    finally:
-        _ambient.reset(token)
 
 
 def _nonfinite(x: Array) -> Array:
@@ -67,7 +37,7 @@ def _nonfinite(x: Array) -> Array:
     return ~jnp.isfinite(x).all(axis=tuple(range(1, x.ndim)))
 
 
-def step_flags(jac_t: Linear | None, g: Array, offsets: Array | None) -> Array:
+def step_flags(jac_t: MapStack | None, g: Array, offsets: Array | None) -> Array:
     """``(L,)`` int32 bit flags of the steps of a span (time order).
 
     Args:
@@ -84,10 +54,7 @@ def step_flags(jac_t: Linear | None, g: Array, offsets: Array | None) -> Array:
     none = jnp.zeros(steps, bool)
     bad_jac = none
     if jac_t is not None:
-        for name in jac_t.stacked_fields:
-            field = getattr(jac_t, name)
-            if field is not None:
-                bad_jac = bad_jac | _nonfinite(field)
+        bad_jac = jac_t.nonfinite_steps()
     bad_out = _nonfinite(offsets) if offsets is not None else none
     bad_g = _nonfinite(g)
     overflow = bad_g[:-1] & ~bad_g[1:] & ~bad_jac & ~bad_out

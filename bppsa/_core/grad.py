@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from bppsa import _debug, _memory
-from bppsa.scan import Method, ambient, resolve
+from bppsa._core import tracing
+from bppsa._core.methods import Method
+from bppsa._core.options import Options, ambient
 
 
 def value_and_grad(
@@ -18,7 +18,7 @@ def value_and_grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str = "auto",
+    method: Method | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
 ) -> Callable[..., tuple[Any, Any]]:
@@ -30,7 +30,8 @@ def value_and_grad(
         argnums, has_aux: as in ``jax.value_and_grad``.
         method: backward method object or name (``"auto"``, ``"blelloch"``, ``"chunked"``,
             ``"sequential"``); ``"sequential"`` is plain back-propagation, the reference;
-            ``"auto"`` picks per backend (see :class:`bppsa.Auto`).
+            ``"auto"`` picks per scan (see :class:`bppsa.Auto`). ``None``: that of an
+            enclosing ``bppsa.grad``, else ``"auto"``.
         memory_limit: bytes the backward pass of each scan inside may use (``None``: that of
             an enclosing ``bppsa.grad``, else the default device's available memory); see
             :func:`bppsa.scan`.
@@ -45,23 +46,32 @@ def value_and_grad(
         ValueError: for an unknown method name (listing the valid ones) or a limit <= 0.
         TypeError: for a method, limit or ``check_finite`` of the wrong type.
 
-    The method is fixed when ``fun`` is traced: a ``fun`` that is itself ``jax.jit``-compiled is
-    traced once and keeps the method of its first trace; wrap the result of this function in
-    ``jax.jit`` instead.
+    The options reach the scans when ``fun`` is traced, also when ``fun`` (or a function it
+    calls) is already ``jax.jit``-compiled: they are part of ``jax.jit``'s cache key, so such a
+    function is traced again for other options rather than keeping those of its first trace.
+
+    Example:
+        >>> loss = jax.jit(lambda w: bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), None), 0.0,
+        ...                                     jnp.ones(9))[0])
+        >>> with bppsa.trace_plans() as plans:
+        ...     _ = bppsa.grad(loss, method="blelloch")(0.5)
+        ...     _ = bppsa.grad(loss, method="sequential")(0.5)
+        >>> [plan.method for plan in plans]
+        [Blelloch(), Sequential(jacobians=False)]
     """
-    method = resolve(method)
-    memory_limit = _memory.check_limit(memory_limit)
-    check_finite = None if check_finite is None else _debug.validate(check_finite)
+    options = Options.make(method, memory_limit, check_finite)
+    if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover
+        raise TypeError(
+            "bppsa.grad cannot pass its options into a function that is already jax.jit-"
+            "compiled on this JAX version (its cached trace would keep other options); pass "
+            "the function before jitting it and jit the result: "
+            "jax.jit(bppsa.grad(fun, ...))."
+        )
     inner = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(ambient(method))
-            if memory_limit is not None:
-                stack.enter_context(_memory.ambient_limit(memory_limit))
-            if check_finite is not None:
-                stack.enter_context(_debug.ambient(check_finite))
+        with ambient(options):
             return inner(*args, **kwargs)
 
     return wrapped
@@ -72,7 +82,7 @@ def grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str = "auto",
+    method: Method | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
 ) -> Callable:
@@ -80,8 +90,10 @@ def grad(
     and ``check_finite`` (see :func:`value_and_grad`).
 
     Example:
+        >>> xs = jnp.linspace(0.0, 1.0, 50)
         >>> loss = lambda w: bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), None), 0.0, xs)[0]
-        >>> bppsa.grad(loss)(0.5) == bppsa.grad(loss, method="sequential")(0.5)
+        >>> bool(jnp.allclose(bppsa.grad(loss)(0.5), jax.grad(loss)(0.5)))
+        True
     """
     value_and_grad_fun = value_and_grad(
         fun, argnums, has_aux, method=method, memory_limit=memory_limit, check_finite=check_finite

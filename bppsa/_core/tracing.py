@@ -1,35 +1,92 @@
-"""How many examples a scan serves at once when it is batched with ``jax.vmap``.
+"""Every read of JAX's private state, in one place.
 
-A scan written for one example and vmapped over a batch is traced once, with per-example shapes;
-the batch size only shows in the batching traces above it. The automatic method needs it (the
-parallel backward's extra work grows with the batch, back-propagation's latency does not), so
-:func:`vmapped_batch_size` walks those traces, the same way JAX dispatches the scan's inputs.
-This reads JAX internals; if they change, it answers 1 (the per-example view).
+Three things ``bppsa.scan`` needs are not in JAX's public API:
+
+* :func:`vmapped_batch_size`: how many examples a scan serves at once under ``jax.vmap``. A scan
+  written for one example and vmapped over a batch is traced once, with per-example shapes; the
+  batch size only shows in the batching traces above it (``Auto()`` and the memory guard weigh
+  it). It walks those traces the way JAX dispatches the scan's inputs.
+* :func:`differentiated_forward`: whether a forward-mode trace (``jax.jvp``) would differentiate
+  the scan, so that a custom-VJP scan refuses it with a clear error before tracing.
+* :func:`options_context` / :func:`current_options`: the options of :func:`bppsa.grad` reach the
+  scans traced inside it through a JAX configuration state that is part of ``jax.jit``'s cache
+  key, so that a function jitted before ``bppsa.grad`` sees them (a plain context variable is
+  invisible to the cache, and a jitted function would keep the options of its first trace).
+
+When JAX changes underneath, each of them falls back to something safe (batch 1 with a warning;
+JAX's own error for forward mode; for the options, a context variable, with
+:func:`bppsa.grad` refusing already-jitted functions) and :func:`problems` lists what fell back:
+``tests/core/test_tracing.py`` fails on any entry, so a JAX upgrade cannot change behaviour
+unnoticed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import jax
+
+_problems: dict[str, str] = {}
 
 try:
     from jax._src import core as _core
     from jax._src.interpreters import ad as _ad
     from jax._src.interpreters import batching as _batching
-except ImportError:  # pragma: no cover - a JAX without these modules
+except ImportError as err:  # pragma: no cover - a JAX without these modules
     _core = _ad = _batching = None
+    _problems["traces"] = f"cannot import JAX's trace modules: {err}"
+
+try:
+    from jax._src import config as _config
+
+    _OPTIONS_STATE = _config.string_or_object_state(
+        "bppsa_options",
+        None,
+        "Options of the enclosing bppsa.grad (set by bppsa; part of jax.jit's cache key).",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+except Exception as err:  # pragma: no cover - JAX changed its configuration API
+    _OPTIONS_STATE = None
+    _problems["options"] = f"cannot define a configuration state in jax.jit's key: {err}"
+
+OPTIONS_IN_JIT_KEY = _OPTIONS_STATE is not None
+_options_fallback: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "bppsa_options", default=None
+)
+
+
+def problems() -> dict[str, str]:
+    """What fell back since import, by feature (empty when JAX's internals are as expected)."""
+    return dict(_problems)
+
+
+def _fell_back(feature: str, message: str) -> None:
+    if feature not in _problems:
+        _problems[feature] = message
+        warnings.warn(f"bppsa: {message}", RuntimeWarning, stacklevel=3)
 
 
 def vmapped_batch_size(inputs: Any) -> int:
-    """The product of the sizes of the ``jax.vmap`` axes over which ``inputs`` are batched
-    (the largest over the leaves), or 1 outside ``jax.vmap``."""
+    """The product of the sizes of the ``jax.vmap`` axes over which ``inputs`` are batched (the
+    largest over the leaves), or 1 outside ``jax.vmap``.
+
+    Falls back to 1, with a warning, if JAX's traces cannot be read (pass ``batch=`` to
+    :func:`bppsa.scan` to say it explicitly).
+    """
     if _core is None:
         return 1
     try:
         return max((_batch_size(leaf) for leaf in jax.tree.leaves(inputs)), default=1)
-    except (AttributeError, TypeError):  # JAX internals changed
+    except (AttributeError, TypeError) as err:
+        _fell_back(
+            "batch", f"cannot read the jax.vmap batch size ({err!r}); assuming 1 example per scan"
+        )
         return 1
 
 
@@ -47,3 +104,62 @@ def _batch_size(value: Any) -> int:
             break
         trace = trace.parent_trace
     return math.prod(sizes)
+
+
+def differentiated_forward(inputs: Any) -> bool:
+    """Whether the innermost trace that differentiates ``inputs`` is forward mode (``jax.jvp``,
+    ``jax.jacfwd``) rather than reverse mode (``jax.grad``'s linearization).
+
+    Batching traces hand the call to their parent; differentiation traces with only zero
+    tangents too. Falls back to False (JAX then raises its own error) if the traces cannot be
+    read.
+    """
+    if _core is None:
+        return False
+    try:
+        return _first_differentiating_trace(jax.tree.leaves(inputs)) == "forward"
+    except (AttributeError, TypeError) as err:
+        _fell_back("forward_mode", f"cannot read JAX's differentiation traces ({err!r})")
+        return False
+
+
+def _first_differentiating_trace(values: list[Any]) -> str | None:
+    trace = _core.trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, _batching.BatchTrace):
+            values = [trace.to_batch_info(v)[0] for v in values]
+        elif isinstance(trace, _ad.JVPTrace | _ad.LinearizeTrace):
+            pairs = [trace.to_primal_tangent_pair(v) for v in values]
+            if any(type(t) is not _ad.Zero for _, t in pairs):
+                return "forward" if isinstance(trace, _ad.JVPTrace) else "reverse"
+            values = [p for p, _ in pairs]
+        else:
+            return None
+        trace = trace.parent_trace
+    return None
+
+
+def current_options() -> Any:
+    """The options set by the innermost enclosing :func:`options_context` (``None``: none)."""
+    if _OPTIONS_STATE is not None:
+        return _OPTIONS_STATE.value
+    return _options_fallback.get()
+
+
+@contextlib.contextmanager
+def options_context(options: Any) -> Iterator[None]:
+    """Within the block, :func:`current_options` is ``options`` (hashable: it keys jit)."""
+    if _OPTIONS_STATE is not None:
+        with _OPTIONS_STATE(options):
+            yield
+        return
+    token = _options_fallback.set(options)
+    try:
+        yield
+    finally:
+        _options_fallback.reset(token)
+
+
+def is_jitted(fun: Any) -> bool:
+    """Whether ``fun`` is a ``jax.jit``-compiled function (it caches traces)."""
+    return callable(fun) and hasattr(fun, "lower") and hasattr(fun, "trace")

@@ -77,7 +77,9 @@ class Bitstreams:
 
     Example:
         >>> data = Bitstreams(length=1000)
-        >>> xs, labels = data.batch("train", iteration=0, batch_size=16)  # (16, 1000, 1), (16,)
+        >>> xs, labels = data.batch("train", iteration=0, batch_size=16)
+        >>> xs.shape, labels.shape
+        ((16, 1000, 1), (16,))
     """
 
     length: int

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa._gates import gru_gates, lstm_gates, pre_activations
-from bppsa.scan import Dense, Structured
+from bppsa.scan._elements import Dense, Structured
 
 Params = dict[str, Array]
 

@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 import jax
 
-from bppsa._carry import Layout, unstacked
-from bppsa.scan import Dense
-from bppsa.scan._elements import vmap_out_axes
+from bppsa._core.carry import Layout, unstacked
+from bppsa.scan._elements import Dense
 
 
 def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Callable:
@@ -35,7 +34,7 @@ def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Call
 
     def all_steps(consts, carries_before, xs):
         example = jax.eval_shape(one, consts, *jax.tree.map(unstacked, (carries_before, xs)))
-        out_axes = ((0, 0), None if example[1] is None else vmap_out_axes(example[1]))
+        out_axes = ((0, 0), None if example[1] is None else example[1].stack_axes())
         return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries_before, xs)
 
     return all_steps

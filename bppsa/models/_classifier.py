@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax import Array
 
-from bppsa._scan import scan
+from bppsa._core.api import scan
 from bppsa.models._cells import RNN, Cell
 
 
@@ -25,7 +25,10 @@ class SequenceClassifier:
     Example:
         >>> model = SequenceClassifier(1, 20, 10)
         >>> params = model.init(key=jax.random.key(0))
-        >>> grads = bppsa.grad(model.loss)(params, xs, labels)  # xs: (B, T, 1)
+        >>> xs, labels = jnp.ones((4, 100, 1)), jnp.array([0, 1, 2, 3])  # (B, T, 1), (B,)
+        >>> grads = bppsa.grad(model.loss)(params, xs, labels)
+        >>> grads["cell"]["weight_hh"].shape
+        (20, 20)
     """
 
     input_size: int

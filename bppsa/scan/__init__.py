@@ -1,34 +1,69 @@
-"""Scan algorithms over stacks of (transposed-Jacobian) linear maps; nothing here knows RNNs."""
+"""``bppsa.scan``: the function, and the subpackage of scan algorithms behind it.
 
-from bppsa.scan._algorithms import blelloch, combine, sequential
-from bppsa.scan._chunked import chunked, default_chunks
-from bppsa.scan._elements import Dense, Linear, Structured
-from bppsa.scan._methods import (
+``bppsa.scan(f, init, xs, ...)`` is the drop-in for ``jax.lax.scan`` (the module is callable;
+its signature and docstring are those of :func:`bppsa._core.api.scan`). The subpackage holds
+what the scans are written against, which knows elements and an operator and nothing about
+recurrent cells:
+
+* elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`;
+* algorithms: :func:`combine` (the one operator), :func:`sequential`, :func:`blelloch`,
+  :func:`chunked`;
+* the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
+  :class:`Chunked`, :class:`Sequential`, :class:`Method`, and :func:`resolve` for names.
+
+So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
+and ``s(f, init, xs)`` scans.
+"""
+
+import inspect as _inspect
+import sys as _sys
+import types as _types
+
+from bppsa._core.api import scan as _scan
+from bppsa._core.methods import (
     METHODS,
     Auto,
     Blelloch,
+    Blocked,
     Chunked,
+    JacobianMethod,
     Method,
     Sequential,
-    ambient,
     resolve,
 )
+from bppsa.scan._algorithms import apply, blelloch, combine, sequential
+from bppsa.scan._chunked import chunked, default_chunks
+from bppsa.scan._elements import Dense, MapStack, Structured, concat
 
 __all__ = [
     "METHODS",
     "Auto",
     "Blelloch",
+    "Blocked",
     "Chunked",
     "Dense",
-    "Linear",
+    "JacobianMethod",
+    "MapStack",
     "Method",
     "Sequential",
     "Structured",
-    "ambient",
+    "apply",
     "blelloch",
     "chunked",
     "combine",
+    "concat",
     "default_chunks",
     "resolve",
     "sequential",
 ]
+
+
+class _CallableModule(_types.ModuleType):
+    """The module ``bppsa.scan``, callable as the function ``bppsa.scan``."""
+
+    def __call__(self, *args, **kwargs):
+        return _scan(*args, **kwargs)
+
+
+__signature__ = _inspect.signature(_scan)
+_sys.modules[__name__].__class__ = _CallableModule

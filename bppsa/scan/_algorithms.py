@@ -16,28 +16,30 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.scan._elements import Linear, concat, flip, index, matmul
+from bppsa.scan._elements import MapStack, concat
+
+Element = tuple[MapStack, Array]  # an affine map g -> A g + b, stacked: (A, b)
 
 
-def combine(first: tuple[Linear, Array], second: tuple[Linear, Array]) -> tuple[Linear, Array]:
-    """Composes two affine elements: ``first`` is applied first.
+def combine(later: Element, earlier: Element) -> Element:
+    """Composes two affine elements into one: ``later`` is applied to the cotangent first.
 
-    ``first = (A_1, b_1)`` is the element LATER in time (nearer the loss), ``second = (A_2, b_2)``
-    the one EARLIER in time. Both ``A`` are transposed Jacobians, applied on the left of the
-    cotangent. The result maps ``g -> A_2 (A_1 g + b_1) + b_2``, i.e.
-    ``(A_2 @ A_1, A_2 b_1 + b_2)``. The operator is associative but not commutative.
+    ``later = (A_l, b_l)`` is the element LATER in time (nearer the loss), ``earlier = (A_e,
+    b_e)`` the one EARLIER in time. Both ``A`` are transposed Jacobians, applied on the left of
+    the cotangent. The result maps ``g -> A_e (A_l g + b_l) + b_e``, i.e.
+    ``(A_e @ A_l, A_e b_l + b_e)``. The operator is associative but not commutative.
     """
-    (a1, b1), (a2, b2) = first, second
-    return matmul(a2, a1), a2.matvec(b1) + b2
+    (a_later, b_later), (a_earlier, b_earlier) = later, earlier
+    return a_later.then(a_earlier), a_earlier.apply(b_later) + b_earlier
 
 
-def apply(vector: Array, element: tuple[Linear, Array]) -> Array:
+def apply(vector: Array, element: Element) -> Array:
     """Applies elements to cotangents: ``A v + b`` (the vector is the LATER operand)."""
     a, b = element
-    return a.matvec(vector) + b
+    return a.apply(vector) + b
 
 
-def sequential(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
+def sequential(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
     """Linear reverse scan (back-propagation itself): ``len(linear)`` dependent steps.
 
     Args:
@@ -52,7 +54,7 @@ def sequential(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
         return g_last[None]
 
     def step(g, k):
-        g = index(linear, k).matvec(g[None])[0]
+        g = linear.index(k).apply(g[None])[0]
         if offsets is not None:
             g = g + offsets[k]
         return g, g
@@ -61,7 +63,7 @@ def sequential(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
     return jnp.concatenate([rest, g_last[None]], axis=0)
 
 
-def blelloch(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
+def blelloch(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
     """BPPSA's modified Blelloch scan: ``2 ceil(log2 (T + 1))`` parallel levels.
 
     Algorithm summary (Wang, Bai & Pekhimenko, "BPPSA: Scaling Back-propagation by Parallel Scan
@@ -88,10 +90,10 @@ def blelloch(g_last: Array, linear: Linear, offsets: Array | None) -> Array:
     if offsets is None:
         offsets = jnp.zeros((len(linear), *g_last.shape), g_last.dtype)
     # The sweeps below index the sequence in scan order: the latest step first.
-    return blelloch_scan_order(g_last, flip(linear), offsets[::-1])[::-1]
+    return blelloch_scan_order(g_last, linear.flip(), offsets[::-1])[::-1]
 
 
-def blelloch_scan_order(g_last: Array, linear: Linear, offsets: Array) -> Array:
+def blelloch_scan_order(g_last: Array, linear: MapStack, offsets: Array) -> Array:
     """:func:`blelloch` with inputs and outputs in scan order (latest step first)."""
     levels = []
     v, a, b = g_last[None], linear, offsets
@@ -101,9 +103,9 @@ def blelloch_scan_order(g_last: Array, linear: Linear, offsets: Array) -> Array:
         pairs = (m - 1) // 2
         v = apply(v, (a.take(0, 1), b[:1]))
         if pairs:
-            first = (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2])
-            second = (a.take(2, 2 * pairs + 1, 2), b[2 : 2 * pairs + 1 : 2])
-            next_a, next_b = combine(first, second)
+            later = (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2])
+            earlier = (a.take(2, 2 * pairs + 1, 2), b[2 : 2 * pairs + 1 : 2])
+            next_a, next_b = combine(later, earlier)
         if (m - 1) % 2:  # an odd element at the end is carried up unchanged
             last_a, last_b = a.take(m - 1, m), b[m - 1 :]
             next_a = concat([next_a, last_a]) if pairs else last_a

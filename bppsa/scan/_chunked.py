@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.scan._algorithms import blelloch_scan_order, sequential
-from bppsa.scan._elements import Dense, Linear, map_stacked
+from bppsa.scan._elements import Dense, MapStack
 
 
 def default_chunks(length: int) -> int:
@@ -18,7 +17,7 @@ def default_chunks(length: int) -> int:
     return max(1, min(length, round(math.sqrt(length / 2))))
 
 
-def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -> Array:
+def chunked(g_last: Array, linear: MapStack, offsets: Array | None, chunks: int) -> Array:
     """Scan of :func:`bppsa.scan._algorithms.sequential`'s problem in ``2 L + O(log C)`` steps.
 
     Algorithm summary (a form of the "heterogeneous" Blelloch scan of Wang, Bai & Pekhimenko,
@@ -58,17 +57,16 @@ def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -
         x = jnp.pad(x[::-1], [(0, padded - length)] + [(0, 0)] * (x.ndim - 1))
         return jnp.swapaxes(x.reshape(chunks, per_chunk, *x.shape[1:]), 0, 1)
 
-    elements = map_stacked(linear, by_step)
+    elements = linear.map_per_step(by_step)
     steps = (
-        {name: getattr(elements, name) for name in elements.stacked_fields},
+        elements.per_step(),
         None if offsets is None else by_step(offsets),
         by_step(jnp.arange(length) >= 0),  # False on the padding
     )
 
     def unpack(step):
         fields, offset, valid = step
-        fields = {k: v for k, v in fields.items() if v is not None}
-        return dataclasses.replace(elements, **fields), offset, valid
+        return elements.with_per_step(**fields), offset, valid
 
     # 1. Chunk 0 propagates the vector itself (every prefix of it comes out); the other chunks
     #    compose their aggregates Y = [M^T; o^T], starting from [I; 0].
@@ -79,11 +77,9 @@ def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -
     def compose(carry, step):
         v, y = carry
         element, offset, valid = unpack(step)
-        head = map_stacked(element, lambda x: x[:1])
-        new_v = head.matvec(v[None])[0]
+        new_v = element.take(0, 1).apply(v[None])[0]
         v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
-        tail = map_stacked(element, lambda x: x[1:])
-        new = tail.rmatmat(y)
+        new = element.take(1, chunks).apply_to_rows(y)
         if offset is not None:
             new = new.at[..., -1, :].add(offset[1:])
         y = jnp.where(_expand(valid[1:], new.ndim), new, y)
@@ -98,8 +94,7 @@ def chunked(g_last: Array, linear: Linear, offsets: Array | None, chunks: int) -
     # 3. Every prefix of chunks 1..C-1, from their start vectors.
     def propagate(v, step):
         element, offset, valid = unpack(step)
-        tail = map_stacked(element, lambda x: x[1:])
-        new = tail.matvec(v)
+        new = element.take(1, chunks).apply(v)
         v = jnp.where(_expand(valid[1:], v.ndim), new if offset is None else new + offset[1:], v)
         return v, v
 

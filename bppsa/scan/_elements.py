@@ -1,10 +1,13 @@
-"""Stacks of linear maps that the scan algorithms combine.
+"""Stacks of linear maps: the element interface that every scan algorithm is written against.
 
 A scan over back-propagation works on the maps ``g_t -> A_t g_t`` where ``A_t = J_t^T`` is the
-transposed Jacobian of step ``t``. The algorithms in this package only need four operations on a
-stack of ``m`` such maps: apply them to a stack of vectors, multiply two stacks, slice a stack,
-and concatenate stacks. Every element type here implements them, so dense, structured and (later)
-sparse Jacobians share one implementation of each algorithm.
+transposed Jacobian of step ``t``. :class:`MapStack` lists everything the algorithms, the memory
+model and the debug check use: applying the maps to vectors (or to the rows of matrices),
+composing two stacks (:meth:`MapStack.then`: which operand is later in time is in the name),
+slicing, flipping, concatenating, the floats a step keeps, and which fields carry the stack axis
+(per-step) and which are shared by every map of the stack. :class:`Dense` and
+:class:`Structured` implement it; a new element type (e.g. sparse) implements the abstract
+methods and overrides the defaults where it can do better than densifying.
 
 Maps act on vectors of shape ``(*batch, n)``: the leading ``batch`` dims index independent
 examples, so a map is block-diagonal over them (the shape a cell gives when it is called on a
@@ -13,51 +16,120 @@ batch of hidden states).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Protocol, runtime_checkable
+import math
+from collections.abc import Callable, Sequence
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
 
-@runtime_checkable
-class Linear(Protocol):
-    """A stack of ``m`` linear maps on vectors of shape ``(*batch, n)``."""
+class MapStack(abc.ABC):
+    """A stack of ``m`` linear maps ``A_0, ..., A_{m-1}`` on vectors of shape ``(*batch, n)``.
 
-    def __len__(self) -> int: ...
+    Subclasses are frozen dataclasses registered as pytrees whose fields are arrays: the ones
+    named in :attr:`per_step_fields` have the stack axis first (``None`` allowed), the ones in
+    :attr:`shared_fields` are the same for every map of the stack.
+    """
 
-    def matvec(self, v: Array) -> Array:
+    per_step_fields: ClassVar[tuple[str, ...]]
+    shared_fields: ClassVar[tuple[str, ...]]
+
+    # -- what an element type must say -------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """``n``, the length of the vectors the maps act on."""
+
+    @abc.abstractmethod
+    def apply(self, v: Array) -> Array:
         """Applies map ``k`` to ``v[k]``; ``v: (m, *batch, n) -> (m, *batch, n)``."""
-        ...
 
-    def rmatmat(self, y: Array) -> Array:
+    @abc.abstractmethod
+    def apply_to_rows(self, y: Array) -> Array:
         """``y[k] @ A_k^T``: map ``k`` applied to the ROWS of ``y[k]``; ``y: (m, *batch, c, n)``.
 
         Rows rather than columns, so that every stacked and batch dim folds into the rows of a
-        single matrix product with the shared weights, without transposes.
+        single matrix product with shared weights, without transposes.
         """
-        ...
 
+    @abc.abstractmethod
     def to_dense(self) -> Dense:
         """The same maps as explicit matrices."""
-        ...
 
-    def take(self, start: int, stop: int, step: int = 1) -> Linear:
-        """The maps ``start:stop:step`` of the stack."""
-        ...
+    # -- defaults, written once against the fields -------------------------------------------
 
+    def per_step(self) -> dict[str, Array | None]:
+        """The fields that carry the stack axis (first), by name."""
+        return {name: getattr(self, name) for name in self.per_step_fields}
 
-def map_stacked(obj, fn):
-    """Applies ``fn`` to the (non-``None``) fields of ``obj`` that carry the stack axis."""
-    changes = {name: getattr(obj, name) for name in obj.stacked_fields}
-    changes = {k: fn(v) for k, v in changes.items() if v is not None}
-    return dataclasses.replace(obj, **changes)
+    def shared(self) -> dict[str, Array]:
+        """The fields shared by every map of the stack, by name."""
+        return {name: getattr(self, name) for name in self.shared_fields}
+
+    def with_per_step(self, **fields: Array | None) -> Self:
+        """The same shared fields with new per-step fields."""
+        return dataclasses.replace(self, **fields)
+
+    def map_per_step(self, fn: Callable[[Array], Array]) -> Self:
+        """Applies ``fn`` to every (non-``None``) per-step field."""
+        fields = {k: fn(v) for k, v in self.per_step().items() if v is not None}
+        return self.with_per_step(**fields)
+
+    def __len__(self) -> int:
+        return next(v.shape[0] for v in self.per_step().values() if v is not None)
+
+    def take(self, start: int, stop: int, step: int = 1) -> Self:
+        """The maps ``start:stop:step`` of the stack (static bounds)."""
+        return self.map_per_step(lambda x: x[start:stop:step])
+
+    def index(self, i: Array) -> Self:
+        """Map ``i`` (a traced index is fine), as a stack of length one."""
+        return self.map_per_step(lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1))
+
+    def flip(self) -> Self:
+        """The stack in reverse order."""
+        return self.map_per_step(lambda x: x[::-1])
+
+    def then(self, earlier: MapStack) -> MapStack:
+        """The maps ``earlier[k] @ self[k]``: ``self`` (the LATER step's map, the one nearer the
+        loss) is applied to the cotangent first, then ``earlier``.
+
+        The default forms dense matrices; element types whose products keep a structure (e.g.
+        sparse ones with a known pattern) override it.
+        """
+        return Dense(earlier.to_dense().a @ self.to_dense().a)
+
+    def floats_per_step(self) -> int:
+        """Floats one map of the stack keeps as stored (its batch dims included)."""
+        return sum(math.prod(v.shape[1:]) for v in self.per_step().values() if v is not None)
+
+    def dense_floats_per_step(self) -> int:
+        """Floats one map would keep as a dense matrix (what parallel products form)."""
+        return math.prod(jax.eval_shape(lambda maps: maps.to_dense().a, self).shape[1:])
+
+    def nonfinite_steps(self) -> Array:
+        """``(m,)`` bool: whether map ``k`` holds a NaN or an infinity."""
+        bad = jnp.zeros(len(self), bool)
+        for v in self.per_step().values():
+            if v is not None:
+                bad = bad | ~jnp.isfinite(v).all(axis=tuple(range(1, v.ndim)))
+        return bad
+
+    def stack_axes(self) -> Self:
+        """``out_axes`` for ``jax.vmap`` building such a stack with its shared fields unbatched."""
+        axes = {name: 0 for name, v in self.per_step().items() if v is not None}
+        axes |= {name: None for name in self.shared_fields}
+        return dataclasses.replace(self, **axes)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Dense:
+class Dense(MapStack):
     """Explicit matrices, ``A_k = a[k]``.
 
     Attributes:
@@ -66,28 +138,26 @@ class Dense:
 
     a: Array
 
-    stacked_fields = ("a",)
-    shared_fields = ()
+    per_step_fields: ClassVar[tuple[str, ...]] = ("a",)
+    shared_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __len__(self) -> int:
-        return self.a.shape[0]
+    @property
+    def size(self) -> int:
+        return self.a.shape[-1]
 
-    def matvec(self, v: Array) -> Array:
+    def apply(self, v: Array) -> Array:
         return jnp.einsum("...ij,...j->...i", self.a, v)
 
-    def rmatmat(self, y: Array) -> Array:
+    def apply_to_rows(self, y: Array) -> Array:
         return y @ jnp.swapaxes(self.a, -1, -2)
 
     def to_dense(self) -> Dense:
         return self
 
-    def take(self, start: int, stop: int, step: int = 1) -> Dense:
-        return Dense(self.a[start:stop:step])
-
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Structured:
+class Structured(MapStack):
     """Maps of the form ``A_k = u @ diag(d[k]) @ R + diag(e[k])`` with a shared ``u``.
 
     ``R`` stacks ``reps`` identity matrices, so ``R @ v`` is ``v`` tiled ``reps`` times. This is
@@ -108,20 +178,21 @@ class Structured:
     e: Array | None = None
     reps: int = dataclasses.field(default=1, metadata=dict(static=True))
 
-    stacked_fields = ("d", "e")
-    shared_fields = ("u",)
+    per_step_fields: ClassVar[tuple[str, ...]] = ("d", "e")
+    shared_fields: ClassVar[tuple[str, ...]] = ("u",)
 
-    def __len__(self) -> int:
-        return self.d.shape[0]
+    @property
+    def size(self) -> int:
+        return self.u.shape[0]
 
-    def matvec(self, v: Array) -> Array:
+    def apply(self, v: Array) -> Array:
         tiled = jnp.concatenate([v] * self.reps, axis=-1) if self.reps > 1 else v
         out = (self.d * tiled) @ self.u.T
         if self.e is not None:
             out = out + self.e * v
         return out
 
-    def rmatmat(self, y: Array) -> Array:
+    def apply_to_rows(self, y: Array) -> Array:
         # y A^T = (tile(y) * d) u^T + y * e: ONE (m*batch*c, p) @ (p, n) product.
         tiled = jnp.concatenate([y] * self.reps, axis=-1) if self.reps > 1 else y
         out = (tiled * self.d[..., None, :]) @ self.u.T
@@ -138,34 +209,33 @@ class Structured:
             a = a + self.e[..., :, None] * jnp.eye(n, dtype=a.dtype)
         return Dense(a)
 
-    def take(self, start: int, stop: int, step: int = 1) -> Structured:
-        return map_stacked(self, lambda x: x[start:stop:step])
 
+def concat(parts: Sequence[MapStack]) -> MapStack:
+    """Concatenates stacks along the stack axis.
 
-def matmul(second: Linear, first: Linear) -> Dense:
-    """The stack of products ``second[k] @ first[k]`` (apply ``first``, then ``second``)."""
-    return Dense(second.to_dense().a @ first.to_dense().a)
-
-
-def concat(parts: list[Linear]) -> Linear:
-    """Concatenates stacks along the stack axis (dense unless all parts are ``Dense``)."""
+    Stacks of one type that share the same shared fields (the very same arrays) and the same
+    static fields stay of that type; anything else is concatenated as dense matrices.
+    """
     if len(parts) == 1:
         return parts[0]
+    first = parts[0]
+    if all(_compatible(first, p) for p in parts[1:]):
+        fields = {}
+        for name, value in first.per_step().items():
+            if value is not None:
+                fields[name] = jnp.concatenate([p.per_step()[name] for p in parts], axis=0)
+        return first.with_per_step(**fields)
     return Dense(jnp.concatenate([p.to_dense().a for p in parts], axis=0))
 
 
-def index(elems: Linear, i: Array) -> Linear:
-    """Map ``i`` of the stack (a traced index is fine), as a stack of length one."""
-    return map_stacked(elems, lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1))
-
-
-def flip(elems: Linear) -> Linear:
-    """The stack in reverse order."""
-    return map_stacked(elems, lambda x: x[::-1])
-
-
-def vmap_out_axes(elems: Linear):
-    """``out_axes`` for ``jax.vmap`` that builds a stack with its shared fields unbatched."""
-    axes = {name: 0 for name in elems.stacked_fields if getattr(elems, name) is not None}
-    axes |= {name: None for name in elems.shared_fields}
-    return dataclasses.replace(elems, **axes)
+def _compatible(a: MapStack, b: MapStack) -> bool:
+    if type(a) is not type(b):
+        return False
+    if any(x is not y for x, y in zip(a.shared().values(), b.shared().values())):
+        return False
+    if any(
+        (x is None) != (y is None) for x, y in zip(a.per_step().values(), b.per_step().values())
+    ):
+        return False
+    static = [f.name for f in dataclasses.fields(a) if f.metadata.get("static")]
+    return all(getattr(a, name) == getattr(b, name) for name in static)

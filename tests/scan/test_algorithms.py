@@ -84,7 +84,7 @@ def test_combine_applies_first_then_second(x64):
     v = rng.normal(size=(1, 3))
     (a, b) = combine((Dense(jnp.asarray(a1)), jnp.asarray(b1)), (Dense(jnp.asarray(a2)), b2))
     expected = a2[0] @ (a1[0] @ v[0] + b1[0]) + b2[0]
-    np.testing.assert_allclose(a.matvec(jnp.asarray(v)) + b, expected[None], rtol=1e-12)
+    np.testing.assert_allclose(a.apply(jnp.asarray(v)) + b, expected[None], rtol=1e-12)
     # The operator does not commute: the other order gives a different map.
     assert not np.allclose(a.a, (a1 @ a2))
 

@@ -4,8 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bppsa.scan import Dense, Structured
-from bppsa.scan._elements import concat, flip, index, matmul
+from bppsa.scan import Dense, Structured, concat
 
 
 @pytest.mark.parametrize("reps,diagonal", [(1, False), (3, True), (4, False)])
@@ -22,7 +21,7 @@ def test_structured_dense_form_matches_matvec(reps, diagonal, x64):
     v = jnp.asarray(rng.normal(size=(m, 2, n)))
     dense = s.to_dense()
     assert dense.a.shape == (m, 2, n, n)
-    np.testing.assert_allclose(dense.matvec(v), s.matvec(v), rtol=1e-12)
+    np.testing.assert_allclose(dense.apply(v), s.apply(v), rtol=1e-12)
 
 
 def test_slicing_flipping_and_products(x64):
@@ -30,7 +29,8 @@ def test_slicing_flipping_and_products(x64):
     a = jnp.asarray(rng.normal(size=(5, 3, 3)))
     d = Dense(a)
     np.testing.assert_array_equal(d.take(1, 5, 2).a, a[1:5:2])
-    np.testing.assert_array_equal(flip(d).a, a[::-1])
-    np.testing.assert_array_equal(index(d, jnp.int32(2)).a, a[2:3])
-    np.testing.assert_allclose(matmul(d, flip(d)).a, a @ a[::-1], rtol=1e-12)
+    np.testing.assert_array_equal(d.flip().a, a[::-1])
+    np.testing.assert_array_equal(d.index(jnp.int32(2)).a, a[2:3])
+    # then(): the receiver is the LATER map, applied first: earlier @ later.
+    np.testing.assert_allclose(d.flip().then(d).a, a @ a[::-1], rtol=1e-12)
     assert len(concat([d, d.take(0, 2)])) == 7

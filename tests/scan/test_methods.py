@@ -3,7 +3,7 @@
 import pytest
 
 import bppsa
-from bppsa.scan import METHODS, Auto, Blelloch, Chunked, Sequential, ambient, resolve
+from bppsa.scan import METHODS, Auto, Blelloch, Blocked, Chunked, Sequential, resolve
 
 
 def test_names_resolve_to_method_objects():
@@ -14,11 +14,7 @@ def test_names_resolve_to_method_objects():
     assert set(METHODS) == {"auto", "blelloch", "chunked", "sequential"}
 
 
-def test_default_is_auto_and_ambient_overrides_it():
-    assert resolve(None) == Auto()
-    with ambient("sequential"):
-        assert resolve(None) == Sequential()
-        assert resolve("blelloch") == Blelloch()  # an explicit method wins
+def test_default_is_auto():
     assert resolve(None) == Auto()
 
 
@@ -45,11 +41,11 @@ def test_chunk_counts_are_checked(chunks):
     with pytest.raises(ValueError, match="chunks must be a positive int"):
         Chunked(chunks)
     with pytest.raises(ValueError, match="block must be a positive int"):
-        Chunked(2, block=chunks)
+        Blocked(Chunked(2), chunks)
 
 
 def test_auto_says_what_it_picks():
-    assert Auto().choose(10_000, 20, backend="cpu") == Chunked(1, block=1024)
+    assert Auto().choose(10_000, 20, backend="cpu") == Blocked(Sequential(jacobians=True), 1024)
     assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
 
 
@@ -59,7 +55,7 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     blocks = []
     for batch in (1, 2, 4, 8, 16, 32):
         method = Auto().choose(1000, 20, "cpu", batch=batch, element=20)
-        assert isinstance(method, Chunked) and method.chunks == 1
+        assert isinstance(method, Blocked) and method.method == Sequential(jacobians=True)
         blocks.append(method.block)
     assert blocks == sorted(blocks, reverse=True) and blocks[0] > blocks[-1]
     assert all(b & (b - 1) == 0 and 64 <= b <= 1024 for b in blocks)  # powers of two, bounded

@@ -1,0 +1,1 @@
+"""The orchestration of ``bppsa.scan``: its custom VJP, options, forward slot and methods."""

@@ -1,0 +1,30 @@
+"""Backward methods: objects that own how a scan is differentiated, one file each.
+
+A method decides, for a scan's footprint, which concrete backward runs (``concrete``; ``Auto``
+is a policy that returns another method), what memory it needs (``memory``) and what runs
+within a memory limit (``fit``), and carries out the backward (``differentiable``: the scan as a
+differentiable function; for Jacobian methods, ``backward`` and their linear ``scan``).
+:class:`Blocked` wraps any Jacobian method to run its backward in time blocks. Adding a method
+is adding a file here and a name in :mod:`bppsa._core.methods.resolve` if it takes no
+arguments.
+"""
+
+from bppsa._core.methods.auto import Auto
+from bppsa._core.methods.base import JacobianMethod, Method
+from bppsa._core.methods.blelloch import Blelloch
+from bppsa._core.methods.blocked import Blocked
+from bppsa._core.methods.chunked import Chunked
+from bppsa._core.methods.resolve import METHODS, resolve
+from bppsa._core.methods.sequential import Sequential
+
+__all__ = [
+    "METHODS",
+    "Auto",
+    "Blelloch",
+    "Blocked",
+    "Chunked",
+    "JacobianMethod",
+    "Method",
+    "Sequential",
+    "resolve",
+]

@@ -1,0 +1,131 @@
+"""``Auto()``: a policy that picks a concrete method for each scan."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+
+from bppsa._core import memory
+from bppsa._core.methods.base import Method, lower_memory, memory_error
+from bppsa._core.methods.blelloch import Blelloch
+from bppsa._core.methods.blocked import Blocked
+from bppsa._core.methods.sequential import Sequential
+
+# Auto() on CPUs, in Jacobian floats per step summed over the vmapped batch ("work"). Blocks of
+# about CPU_BLOCK_WORK / work steps (a power of two within CPU_BLOCK_STEPS) keep a block's
+# arrays in cache; above CPU_PARALLEL_WORK back-propagation itself is faster. Measured with
+# benchmarks/speed.py on a 2-core CPU at T = 1000: the RNN (20 floats per step) still wins at
+# B = 64 (1.25x) and loses at B = 128; the GRU (80 floats per step) wins at B = 8 (1.07x) and
+# loses from B = 16 on (0.75x).
+CPU_BLOCK_WORK = 2**19
+CPU_BLOCK_STEPS = (64, 1024)
+CPU_PARALLEL_WORK = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto(Method):
+    """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
+
+    :meth:`choose` says what it picks. On accelerators it is ``Blelloch()`` (``Theta(log T)``
+    levels). On CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
+    does not pay for itself (measured with ``benchmarks/speed.py``); there it is
+    ``Blocked(Sequential(jacobians=True), K)``: a sequential scan over the transposed Jacobians,
+    whose steps are single matrix-vector products, while the Jacobians and parameter gradients
+    are computed for a block of ``K`` steps at once (``K`` chosen so that the block's arrays stay
+    in cache); and where even that loses, for large batches, plain back-propagation
+    (``Sequential()``). When the chosen method does not fit the memory limit, the first
+    lower-memory method that does (see :func:`bppsa.estimate_memory`).
+
+    Example:
+        >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
+        Blocked(method=Sequential(jacobians=True), block=1024)
+        >>> bppsa.Auto().choose(10_000, 20, "gpu", batch=16, element=20)
+        Blelloch()
+    """
+
+    name: ClassVar[str] = "auto"
+
+    def choose(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+    ) -> Method:
+        """The method used for a scan.
+
+        Args:
+            length: number of steps ``T``.
+            size: floats of the differentiable carry of one example (``n``).
+            backend: ``"cpu"``, ``"gpu"``, ... (default: JAX's default backend).
+            batch: examples served at once through ``jax.vmap``.
+            element: floats of one step's transposed Jacobian as stored (e.g. ``n`` for the
+                RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
+
+        Returns:
+            A concrete method; ``Sequential()`` means plain back-propagation.
+        """
+        if _on_cpu(backend) and batch * _element(size, element) > CPU_PARALLEL_WORK:
+            return Sequential()
+        return self.parallel(length, size, backend, batch=batch, element=element)
+
+    def parallel(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+    ) -> Method:
+        """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
+        if not _on_cpu(backend):
+            return Blelloch()
+        work = max(batch * _element(size, element), 1)
+        low, high = CPU_BLOCK_STEPS
+        block = min(max(1 << (max(CPU_BLOCK_WORK // work, 1).bit_length() - 1), low), high)
+        return Blocked(Sequential(jacobians=True), block)
+
+    def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
+        """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
+        pick = self.parallel if parallel else self.choose
+        return pick(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
+
+    def concrete(self, problem):
+        return self.for_footprint(problem.footprint)
+
+    def memory(self, fp):
+        return self.for_footprint(fp).memory(fp)
+
+    def fit(self, fp, limit, backend: str | None = None):
+        """The parallel method :meth:`parallel` picks, or else the first lower-memory method of
+        the memory guard's list that fits (see :meth:`bppsa.Method.fit`)."""
+        from bppsa._core.methods.fallbacks import FALLBACKS
+
+        chosen = self.for_footprint(fp, backend, parallel=True)
+        need = chosen.memory(fp)
+        limit_bytes = memory.available_bytes() if limit is None else limit
+        if need <= limit_bytes:
+            return chosen
+        options = lower_memory(FALLBACKS, fp, need, limit_bytes)
+        if options:
+            return options[0][0]
+        raise memory_error(self, chosen, need, limit, limit_bytes, fp)
+
+    def for_complex_carry(self, leaves):
+        return Sequential()
+
+    def differentiable(self, problem, forward, **options):
+        return self.concrete(problem).differentiable(problem, forward, **options)
+
+
+def _on_cpu(backend: str | None) -> bool:
+    return (jax.default_backend() if backend is None else backend) == "cpu"
+
+
+def _element(size: int, element: int | None) -> int:
+    return size * size if element is None else element

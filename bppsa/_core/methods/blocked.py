@@ -1,0 +1,57 @@
+"""``Blocked(method, block)``: any Jacobian method's backward, in time blocks."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import ClassVar
+
+from bppsa._core import backward
+from bppsa._core.methods.base import JacobianMethod
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocked(JacobianMethod):
+    """Runs ``method``'s backward over blocks of ``block`` steps, from the last block back.
+
+    Every block is evaluated all steps at once and scanned with ``method``; the cotangent
+    leaving a block enters the next one. On CPUs, streaming ``T``-long arrays of Jacobians
+    through memory costs more than the loop over blocks, so blocks sized to stay in cache are
+    faster, and the memory of the backward is that of one block (plus the carries kept by the
+    forward). E.g. ``Blocked(Sequential(jacobians=True), 1024)`` is what ``Auto()`` runs on CPUs.
+
+    Attributes:
+        method: a Jacobian method (``Blelloch()``, ``Chunked(...)``,
+            ``Sequential(jacobians=True)``).
+        block: steps per block (the first block is shorter when it does not divide ``T``).
+    """
+
+    method: JacobianMethod
+    block: int
+    name: ClassVar[str | None] = None
+
+    def __post_init__(self):
+        if isinstance(self.method, Blocked) or not (
+            isinstance(self.method, JacobianMethod) and self.method.uses_jacobians
+        ):
+            raise TypeError(
+                "Blocked(method, block) needs a method that scans Jacobians, such as "
+                f"bppsa.Blelloch(), bppsa.Chunked() or bppsa.Sequential(jacobians=True); got "
+                f"{self.method!r}."
+            )
+        bad_type = isinstance(self.block, bool) or not isinstance(self.block, int)
+        if bad_type or self.block < 1:
+            raise ValueError(f"block must be a positive int, got {self.block!r}.")
+
+    def scan(self, g_last, maps, offsets):
+        return self.method.scan(g_last, maps, offsets)
+
+    def span_floats(self, fp, steps):
+        return self.method.span_floats(fp, min(self.block, steps))
+
+    def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
+        def span(carries, xs, g_end, ct_ys):
+            return self.method.backward(problem, consts, carries, xs, g_end, ct_ys, check=check)
+
+        run = functools.partial(backward.blocked, span, self.block, consts)
+        return run(carries_before, xs, g_last, ct_ys)

@@ -1,0 +1,88 @@
+"""What a scan's backward pass is asked for, and how :func:`bppsa.grad`'s settings reach it.
+
+One frozen (hashable) :class:`Options` holds the method, the memory limit and the finiteness
+check. :func:`bppsa.grad` sets it for the scans traced inside it with :func:`ambient`, through a
+JAX configuration state that keys ``jax.jit``'s cache (see :mod:`bppsa._core.tracing`), so a
+``fun`` that was jitted before being passed to ``bppsa.grad`` is traced again for other options
+instead of silently reusing the trace of its first options. A scan's own arguments win over the
+ambient ones, and an inner ``bppsa.grad`` over an outer one, field by field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from bppsa._core import tracing
+from bppsa._core.methods.base import Method
+from bppsa._core.methods.resolve import resolve
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Settings of a scan's backward; ``None`` fields are unset (inherited, then defaults).
+
+    Attributes:
+        method: a method object (see :mod:`bppsa._core.methods`).
+        memory_limit: bytes the backward may use; ``math.inf`` turns the check off; ``None``:
+            the default device's available memory.
+        check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
+    """
+
+    method: Method | None = None
+    memory_limit: float | None = None
+    check_finite: bool | None = None
+
+    @classmethod
+    def make(cls, method=None, memory_limit=None, check_finite=None) -> Options:
+        """Validated options from user arguments (method names are resolved here)."""
+        return cls(
+            method=None if method is None else resolve(method),
+            memory_limit=check_limit(memory_limit),
+            check_finite=None if check_finite is None else check_bool(check_finite),
+        )
+
+    def over(self, outer: Options) -> Options:
+        """These options, with the unset fields taken from ``outer``."""
+        fields = {}
+        for field in dataclasses.fields(self):
+            mine = getattr(self, field.name)
+            fields[field.name] = mine if mine is not None else getattr(outer, field.name)
+        return Options(**fields)
+
+
+def current() -> Options:
+    """The options of the enclosing :func:`bppsa.grad` calls (all unset outside any)."""
+    options = tracing.current_options()
+    return options if isinstance(options, Options) else Options()
+
+
+@contextlib.contextmanager
+def ambient(options: Options) -> Iterator[Options]:
+    """Within the block, scans inherit ``options`` (over those of an enclosing block)."""
+    merged = options.over(current())
+    with tracing.options_context(merged):
+        yield merged
+
+
+def check_limit(limit: Any, argname: str = "memory_limit") -> float | None:
+    """Validates a user's limit: ``None`` (the device's available memory) or bytes > 0."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int | float):
+        raise TypeError(
+            f"{argname} must be a number of bytes or None (the device's available memory), "
+            f"got {type(limit).__name__}."
+        )
+    if not limit > 0:  # also rejects NaN
+        raise ValueError(f"{argname} must be positive (math.inf turns the check off), got {limit}.")
+    return float(limit) if math.isfinite(limit) else math.inf
+
+
+def check_bool(check_finite: Any) -> bool:
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}.")
+    return check_finite

@@ -1,0 +1,68 @@
+"""What each traced ``bppsa.scan`` decided: the method it ran and how it built its Jacobians.
+
+``with bppsa.trace_plans() as plans:`` collects one :class:`ScanPlan` per ``bppsa.scan`` traced
+inside the block (a call served from ``jax.jit``'s cache is not traced and records nothing).
+Tests use it to assert the path they exercise; a researcher uses it to see what ``Auto()``
+picked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+_plans: contextvars.ContextVar[list | None] = contextvars.ContextVar("bppsa_plans", default=None)
+
+
+@dataclasses.dataclass
+class ScanPlan:
+    """The decisions of one traced scan.
+
+    Attributes:
+        requested: the method the scan was asked for (``Auto()`` unless given).
+        method: the concrete method it runs (``Sequential()``: plain ``lax.scan``).
+        jacobians: ``"analytic"`` or ``"autodiff"`` (how the Jacobians would be built).
+        length: ``T``.
+        batch: the ``jax.vmap`` batch the scan was traced under.
+        backward: the method that ran the backward pass, after the memory guard (``None``
+            until the backward is traced, and for plain ``lax.scan``).
+    """
+
+    requested: Any
+    method: Any
+    jacobians: str
+    length: int
+    batch: int
+    backward: Any = None
+
+
+@contextlib.contextmanager
+def trace_plans() -> Iterator[list[ScanPlan]]:
+    """Collects a :class:`ScanPlan` for every ``bppsa.scan`` traced inside the block.
+
+    Example:
+        >>> with bppsa.trace_plans() as plans:
+        ...     _ = bppsa.grad(lambda w: bppsa.scan(lambda h, x: (w * h + x, None), 0.0,
+        ...                                         jnp.ones(5), method="blelloch")[0])(0.5)
+        >>> plans[0].method, plans[0].backward
+        (Blelloch(), Blelloch())
+    """
+    plans: list[ScanPlan] = []
+    token = _plans.set(plans)
+    try:
+        yield plans
+    finally:
+        _plans.reset(token)
+
+
+def record(**fields) -> ScanPlan | None:
+    """A new plan, appended to the innermost :func:`trace_plans` (``None`` outside any)."""
+    plans = _plans.get()
+    if plans is None:
+        return None
+    plan = ScanPlan(**fields)
+    plans.append(plan)
+    return plan

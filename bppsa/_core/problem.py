@@ -1,0 +1,120 @@
+"""A scan prepared once for its forward and backward passes: checked, traced, measured.
+
+:func:`prepare` does everything :func:`bppsa.scan` and :func:`bppsa.estimate_memory` share: it
+checks the arguments (those ``lax.scan`` rejects, in its words), traces the body once
+(:mod:`bppsa._core.body`), promotes weakly typed initial carries as ``lax.scan`` does, and reads
+the ``jax.vmap`` batch the scan is traced under. The resulting :class:`Problem` is what the
+methods see; its :attr:`Problem.footprint` is what ``Auto()`` and the memory guard weigh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bppsa._core import arguments, tracing
+from bppsa._core.body import Body, trace_body
+from bppsa._core.carry import Layout, unstacked
+from bppsa._core.memory import Footprint, footprint
+from bppsa.jacobians._stacked import steps_with_jacobians
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+    """One scan, as the backward methods see it.
+
+    Attributes:
+        body: the traced body (its step, hoisted constants and Jacobian kind).
+        init: the (promoted) initial carry as shapes.
+        length: ``T``.
+        reverse: whether the scan runs from the end of ``xs`` (the methods see it flipped).
+        batch: examples served at once through ``jax.vmap`` (read from the traces, or given).
+    """
+
+    body: Body
+    init: Any
+    xs: Any
+    length: int
+    reverse: bool
+    batch: int
+
+    @property
+    def layout(self) -> Layout:
+        """How the carry packs into the vector the backward scan propagates."""
+        return Layout.of(self.init, concat_last=self.body.analytic)
+
+    @property
+    def differentiable_carry(self) -> bool:
+        """Whether the carry has float leaves with entries (else there is nothing to scan)."""
+        return any(math.prod(shape) for shape in self.layout.shapes)
+
+    def all_steps(self) -> Callable:
+        """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
+        return steps_with_jacobians(self.body.step, self.layout, self.body.analytic)
+
+    @functools.cached_property
+    def footprint(self) -> Footprint:
+        """The scan's footprint, from the shapes of its stacked Jacobians."""
+        layout = self.layout
+        carries = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct((self.length, *a.shape), a.dtype), self.init
+        )
+        xs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.xs)
+        _, jac_t = jax.eval_shape(self.all_steps(), self.body.consts, carries, xs)
+        return footprint(
+            jac_t,
+            state=sum(math.prod(shape) for shape in layout.shapes),
+            length=self.length,
+            itemsize=jnp.dtype(layout.dtype).itemsize,
+            batch=self.batch,
+        )
+
+
+def prepare(
+    f: Callable, init: Any, xs: Any, length: int | None, *, reverse: bool, batch: int | None
+) -> tuple[Problem, Any]:
+    """Checks a scan's arguments and traces its body once.
+
+    Returns:
+        ``(problem, init)``, with ``init`` promoted to the carry's dtypes (weak types).
+
+    Raises:
+        TypeError, ValueError: for arguments ``lax.scan`` rejects, in its words.
+    """
+    if not callable(f):
+        raise TypeError(f"bppsa.scan: f argument should be a callable, got {type(f).__name__}.")
+    length = arguments.check_arguments(init, xs, length)
+    arguments.check_like_lax_scan(lambda c, x: (c, None), init, xs, length, reverse)
+    num_steps = arguments.num_steps(xs, length)
+    x_example = jax.tree.map(unstacked, xs)
+    body = trace_body(f, init, x_example)
+    carry_out, _ = arguments.check_like_lax_scan(body.plain, init, xs, length, reverse)
+    promoted = arguments.promote_weak_types(init, carry_out)
+    if _avals(promoted) != _avals(init):  # a weakly typed init: trace again, as lax.scan does
+        body = trace_body(f, promoted, x_example)
+    if batch is None:
+        batch = tracing.vmapped_batch_size((init, xs))
+    problem = Problem(
+        body=body,
+        init=jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), a.dtype), promoted),
+        xs=jax.tree.map(lambda a: jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)), xs),
+        length=num_steps,
+        reverse=reverse,
+        batch=batch,
+    )
+    return problem, promoted
+
+
+def _avals(tree) -> list:
+    """Shapes, dtypes and weak types of the leaves (``ShapeDtypeStruct`` leaves included)."""
+    out = []
+    for leaf in jax.tree.leaves(tree):
+        weak = isinstance(leaf, int | float | complex) or getattr(leaf, "weak_type", False)
+        out.append((tuple(jnp.shape(leaf)), jnp.result_type(leaf), bool(weak)))
+    return out
