@@ -42,8 +42,7 @@ def scan(
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
     The forward pass is sequential (``lax.scan``); the body is traced once. Its reverse-mode
-    derivative, instead of
-    back-propagating step by step, builds the transposed Jacobian ``d carry_t / d carry_{t-1}``
+    derivative, instead of back-propagating step by step, builds the transposed Jacobian ``d carry_t / d carry_{t-1}``
     of every step at once (from the cell's analytic builder when the body is a cell of
     :mod:`bppsa.models`, else by autodiff on the flattened float leaves of the carry), scans them
     with ``method`` (BPPSA: Wang, Bai & Pekhimenko, MLSys 2020) to get every carry cotangent, and

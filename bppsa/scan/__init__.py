@@ -64,6 +64,8 @@ class _CallableModule(_types.ModuleType):
     def __call__(self, *args, **kwargs):
         return _scan(*args, **kwargs)
 
+    __call__.__doc__ = _scan.__doc__
+
 
 __signature__ = _inspect.signature(_scan)
 _sys.modules[__name__].__class__ = _CallableModule

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 class Method(abc.ABC):
     """A backward method: owns how a scan is differentiated.
 
+    Methods are values: hashable and compared by their settings (frozen dataclasses), since the
+    options of :func:`bppsa.grad` that hold them key ``jax.jit``'s cache.
+
     Attributes:
         name: the string that :func:`bppsa._core.methods.resolve` maps to the default instance
             (methods that need arguments have none).
