@@ -42,12 +42,13 @@ def scan(
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
     The forward pass is sequential (``lax.scan``); the body is traced once. Its reverse-mode
-    derivative, instead of back-propagating step by step, builds the transposed Jacobian ``d carry_t / d carry_{t-1}``
-    of every step at once (from the cell's analytic builder when the body is a cell of
-    :mod:`bppsa.models`, else by autodiff on the flattened float leaves of the carry), scans them
-    with ``method`` (BPPSA: Wang, Bai & Pekhimenko, MLSys 2020) to get every carry cotangent, and
-    then gets the cotangents of ``xs``, ``init`` and closed-over arrays with one VJP of ``f``
-    vmapped over all steps. Cotangents may arrive on every ``y_t`` and on the final carry.
+    derivative, instead of back-propagating step by step, builds the transposed Jacobian
+    ``d carry_t / d carry_{t-1}`` of every step at once (from the cell's analytic builder when
+    the body is a cell of :mod:`bppsa.models`, else by autodiff on the flattened float leaves of
+    the carry), scans them with ``method`` (BPPSA: Wang, Bai & Pekhimenko, MLSys 2020) to get
+    every carry cotangent, and then gets the cotangents of ``xs``, ``init`` and closed-over
+    arrays with one VJP of ``f`` vmapped over all steps. Cotangents may arrive on every ``y_t``
+    and on the final carry.
 
     Args:
         f: ``f(carry, x) -> (carry, y)``; the carry keeps its pytree structure, shapes and dtypes.
