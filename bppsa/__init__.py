@@ -3,16 +3,17 @@
 Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass; also the
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
-:class:`Blelloch`, :class:`Blocked`, :class:`Chunked` and :class:`Sequential` (subclasses of
-:class:`Method`), the memory guard's :func:`estimate_memory` and :class:`MemoryLimitError`,
-:func:`trace_plans` (what each traced scan decided) and :class:`AnalyticJacobianWarning`.
+:class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential` and :class:`Sharded`
+(subclasses of :class:`Method`), the memory guard's :func:`estimate_memory` and
+:class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided) and
+:class:`AnalyticJacobianWarning`.
 """
 
 from bppsa import jacobians, models, scan
 from bppsa._core.api import estimate_memory
 from bppsa._core.grad import grad, value_and_grad
 from bppsa._core.memory import MemoryLimitError
-from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential
+from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential, Sharded
 from bppsa._core.plans import ScanPlan, trace_plans
 from bppsa.jacobians import AnalyticJacobianWarning
 
@@ -28,6 +29,7 @@ __all__ = [
     "Method",
     "ScanPlan",
     "Sequential",
+    "Sharded",
     "estimate_memory",
     "grad",
     "jacobians",

@@ -27,3 +27,14 @@ def x64():
     """Enables float64 for one test."""
     with jax.enable_x64(True):
         yield
+
+
+MULTIDEVICE = 8  # emulated CPU devices of the tests in tests/multidevice/
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/multidevice/ needs several devices: it runs in a subprocess of its own
+    (tests/core/test_sharded.py), so that the rest of the suite keeps one device."""
+    if collection_path.name == "multidevice":
+        return len(jax.devices()) < MULTIDEVICE
+    return None

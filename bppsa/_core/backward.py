@@ -98,7 +98,7 @@ def blocked(span: Callable, block: int, consts, carries_before, xs, g_last, ct_y
         g, total = carry
         g, ct_consts, ct_xs, flags = span(*inputs[:2], g, inputs[2])
         total = jax.tree.map(jnp.add, total, ct_consts)
-        return (g, total), (jax.tree.map(_float0_as_placeholder, ct_xs), flags)
+        return (g, total), (jax.tree.map(float0_as_placeholder, ct_xs), flags)
 
     first = jax.tree.map(split, (carries_before, xs, ct_ys))
     zeros = jax.tree.map(jnp.zeros_like, consts)  # consts are float: their cotangents match
@@ -113,17 +113,17 @@ def blocked(span: Callable, block: int, consts, carries_before, xs, g_last, ct_y
         ct_consts = jax.tree.map(jnp.add, ct_consts, ct_head)
         ct_xs, flags = jax.tree.map(
             lambda a, b: jnp.concatenate([a, b]),
-            (jax.tree.map(_float0_as_placeholder, ct_xs_head), flags_head),
+            (jax.tree.map(float0_as_placeholder, ct_xs_head), flags_head),
             (ct_xs, flags),
         )
-    ct_xs = jax.tree.map(_restore_float0, ct_xs, xs)
+    ct_xs = jax.tree.map(restore_float0, ct_xs, xs)
     return g, ct_consts, ct_xs, flags
 
 
-def _float0_as_placeholder(ct):
+def float0_as_placeholder(ct):
     """``lax.scan`` cannot stack ``float0`` cotangents: carry a same-shaped bool instead."""
     return jnp.zeros(ct.shape, bool) if ct.dtype == jax.dtypes.float0 else ct
 
 
-def _restore_float0(ct, x):
+def restore_float0(ct, x):
     return zero_cotangent(x) if not is_float(x) else ct

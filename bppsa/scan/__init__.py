@@ -7,9 +7,10 @@ recurrent cells:
 
 * elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`;
 * algorithms: :func:`combine` (the one operator), :func:`sequential`, :func:`blelloch`,
-  :func:`chunked`;
+  :func:`chunked`, :func:`aggregate` (a whole stack composed into one map);
 * the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
-  :class:`Chunked`, :class:`Sequential`, :class:`Method`, and :func:`resolve` for names.
+  :class:`Chunked`, :class:`Sequential`, :class:`Sharded`, :class:`Method`, and :func:`resolve`
+  for names.
 
 So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
 and ``s(f, init, xs)`` scans.
@@ -29,9 +30,10 @@ from bppsa._core.methods import (
     JacobianMethod,
     Method,
     Sequential,
+    Sharded,
     resolve,
 )
-from bppsa.scan._algorithms import apply, blelloch, combine, sequential
+from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._elements import Dense, MapStack, Structured, concat
 
@@ -46,7 +48,9 @@ __all__ = [
     "MapStack",
     "Method",
     "Sequential",
+    "Sharded",
     "Structured",
+    "aggregate",
     "apply",
     "blelloch",
     "chunked",

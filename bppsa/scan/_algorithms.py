@@ -128,3 +128,33 @@ def blelloch_scan_order(g_last: Array, linear: MapStack, offsets: Array) -> Arra
             out = jnp.concatenate([out, prefixes[pairs + 1 :]], axis=0)
         prefixes = out
     return prefixes
+
+
+def aggregate(linear: MapStack, offsets: Array | None, like: Array) -> tuple[Array, Array]:
+    """The composition of all elements of a stack into one affine map (as dense matrices).
+
+    Returns ``(matrix, offset)`` with ``g_0 = matrix @ g_T + offset`` for the elements
+    ``e_1, ..., e_T`` (time order, as :func:`sequential`): ``matrix = A_1 ... A_T``. It is built
+    from the latest element back, transposed as ``Y = [matrix^T; offset^T]``:
+    ``Y <- Y A_t^T + [0; b_t^T]``, one :meth:`MapStack.apply_to_rows` per step (``T`` dependent
+    steps of ``n x n`` work).
+
+    Args:
+        linear: ``T`` maps.
+        offsets: ``(T, *batch, n)`` or ``None``.
+        like: an array of the cotangents' shape ``(*batch, n)`` and dtype.
+
+    Returns:
+        ``((*batch, n, n), (*batch, n))``.
+    """
+    n = like.shape[-1]
+    start = jnp.broadcast_to(jnp.eye(n + 1, n, dtype=like.dtype), (*like.shape[:-1], n + 1, n))
+
+    def step(y, k):
+        y = linear.index(k).apply_to_rows(y[None])[0]
+        if offsets is not None:
+            y = y.at[..., -1, :].add(offsets[k])
+        return y, None
+
+    y, _ = jax.lax.scan(step, start, jnp.arange(len(linear)), reverse=True)
+    return jnp.swapaxes(y[..., :-1, :], -1, -2), y[..., -1, :]

@@ -16,6 +16,7 @@ from bppsa._core.methods.blocked import Blocked
 from bppsa._core.methods.chunked import Chunked
 from bppsa._core.methods.resolve import METHODS, resolve
 from bppsa._core.methods.sequential import Sequential
+from bppsa._core.methods.sharded import Sharded
 
 __all__ = [
     "METHODS",
@@ -26,5 +27,6 @@ __all__ = [
     "JacobianMethod",
     "Method",
     "Sequential",
+    "Sharded",
     "resolve",
 ]

@@ -1,0 +1,234 @@
+"""``Sharded(mesh, axis_name)``: the backward's time axis split across the devices of a mesh.
+
+Algorithm summary (sequence parallelism for BPPSA's backward). The ``T`` steps are split into
+``P`` contiguous slices of ``L = ceil(T / P)`` steps, one per device along ``axis_name`` (the
+earliest slice padded at its start; padded steps get zero cotangents, so they contribute
+nothing). Inside one ``jax.shard_map``, every device
+
+1. evaluates its slice's steps at once: their VJP and transposed Jacobians (as on one device);
+2. composes its slice into one affine map ``g_start = M g_end + o`` (``L`` dependent ``n x n``
+   steps, :func:`bppsa.scan.aggregate`);
+3. exchanges: ONE ``all_gather`` of the ``P`` aggregates, then a local fold from the last device
+   back gives the cotangent entering its slice (``P`` matrix-vector products); or, with
+   ``exchange="ppermute"``, ``ceil(log2 P)`` rounds of neighbour exchanges composing aggregates
+   (a Hillis-Steele scan; ``ppermute`` fills non-receivers with zeros, so they keep their own);
+4. scans its slice from that cotangent with the local method and takes the VJP; the parameter
+   cotangents are summed over the devices (``psum``), those of ``xs`` stay sharded.
+
+Critical path: about ``2 L`` local dependent steps (aggregate, then the local scan) plus the
+exchange, instead of ``T``. The forward pass is the usual sequential one, replicated on every
+device (a nonlinear recurrence cannot be split without a parallel forward); each device then
+reads only its slice of the kept carries. The ``all_gather`` exchange is the default: one
+collective of ``P - 1`` aggregates (``(n^2 + n)`` floats each per example) against
+``ceil(log2 P)`` dependent rounds of a ``n x n`` product and a message each for ``ppermute``;
+for the ``P`` of one host and the paper's ``n``, one collective is cheaper
+(``benchmarks/sharded.py`` measures both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from bppsa._core import backward, debug
+from bppsa._core.carry import zero_cotangent
+from bppsa._core.methods.base import JacobianMethod
+from bppsa.scan._algorithms import aggregate
+
+EXCHANGES = ("all_gather", "ppermute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sharded(JacobianMethod):
+    """Shards the time axis of the backward over the mesh axis ``axis_name``.
+
+    Use it as ``bppsa.grad(loss, method=bppsa.Sharded(mesh, "t"))`` or
+    ``bppsa.scan(..., method=...)``; see the module docstring for the algorithm.
+
+    Attributes:
+        mesh: a ``jax.sharding.Mesh`` (other axes, e.g. ``"data"``, stay with XLA: the scan's
+            ``shard_map`` is manual over ``axis_name`` only).
+        axis_name: the mesh axis the steps are split over.
+        local: the Jacobian method each device runs on its slice (``None``: what ``Auto()``
+            would pick for a slice, on the mesh's platform).
+        exchange: ``"all_gather"`` (default) or ``"ppermute"``.
+
+    Example:
+        >>> mesh = jax.sharding.Mesh(jax.devices()[:1], ("t",))
+        >>> loss = lambda w: bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), None), 0.0,
+        ...                             jnp.ones(9))[0]
+        >>> g = bppsa.grad(loss, method=bppsa.Sharded(mesh, "t"))(0.5)
+    """
+
+    mesh: Mesh
+    axis_name: str
+    local: JacobianMethod | None = None
+    exchange: str = "all_gather"
+    name: ClassVar[str | None] = None
+
+    def __post_init__(self):
+        if not isinstance(self.mesh, Mesh):
+            raise TypeError(
+                f"Sharded: mesh must be a jax.sharding.Mesh, got {type(self.mesh).__name__}."
+            )
+        if self.axis_name not in self.mesh.axis_names:
+            raise ValueError(
+                f"Sharded: axis_name={self.axis_name!r} is not an axis of the mesh; its axes "
+                f"are {tuple(self.mesh.axis_names)}."
+            )
+        if self.local is not None and (
+            isinstance(self.local, Sharded)
+            or not (isinstance(self.local, JacobianMethod) and self.local.uses_jacobians)
+        ):
+            raise TypeError(
+                "Sharded: local must be a method that scans Jacobians on one device (e.g. "
+                f"bppsa.Blelloch(), bppsa.Chunked(), bppsa.Sequential(jacobians=True)); got "
+                f"{self.local!r}."
+            )
+        if self.exchange not in EXCHANGES:
+            raise ValueError(
+                f"Sharded: exchange must be one of {EXCHANGES}, got {self.exchange!r}."
+            )
+
+    @property
+    def devices(self) -> int:
+        """``P``, the devices along ``axis_name``."""
+        return self.mesh.shape[self.axis_name]
+
+    def local_method(self, fp) -> JacobianMethod:
+        """The method each device runs on its slice of a scan of footprint ``fp``."""
+        if self.local is not None:
+            return self.local
+        from bppsa._core.methods.auto import Auto
+
+        platform = self.mesh.devices.flat[0].platform
+        slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
+        return Auto().for_footprint(slice_fp, platform, parallel=True)
+
+    def scan(self, g_last, maps, offsets):
+        # A stack already on one device: the local method's scan.
+        return (self.local or _default_scan()).scan(g_last, maps, offsets)
+
+    def span_floats(self, fp, steps):
+        """Per device: its slice's backward and the ``P`` gathered aggregates."""
+        per_device = math.ceil(steps / self.devices)
+        local = self.local_method(fp).span_floats(fp, per_device)
+        return local + (self.devices + 1) * (fp.dense + fp.size)
+
+    def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
+        num_steps = jax.tree.leaves(carries_before)[0].shape[0]
+        if num_steps == 0:
+            return _default_scan().backward(
+                problem, consts, carries_before, xs, g_last, ct_ys, check=check
+            )
+        devices = self.devices
+        per_device = -(-num_steps // devices)
+        pad = devices * per_device - num_steps
+        local = self.local_method(problem.footprint)
+        all_steps, layout = problem.all_steps(), problem.layout
+        axis = self.axis_name
+
+        def front_pad(a):  # edge values keep the padded steps finite; they get no cotangent
+            return jnp.concatenate([jnp.repeat(a[:1], pad, axis=0), a]) if pad else a
+
+        carries_p, xs_p = jax.tree.map(front_pad, (carries_before, xs))
+        ct_ys_p = None if ct_ys is None else jax.tree.map(_front_zeros(pad), ct_ys)
+        valid = jnp.arange(devices * per_device) >= pad
+        first_device, first_index = divmod(pad, per_device)
+
+        def on_device(consts, carries, xs, ct_ys, valid, g_last):
+            if ct_ys is None:
+                (carries_after, ys), vjp, jac_t = backward.vjp_without_carries(
+                    all_steps, consts, carries, xs
+                )
+                ct_ys = jax.tree.map(zero_cotangent, ys)
+                offsets = None
+            else:
+                (carries_after, _), vjp_all, jac_t = jax.vjp(
+                    all_steps, consts, carries, xs, has_aux=True
+                )
+                _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
+                offsets = layout.pack(from_ys, stacked=True)
+
+                def vjp(cts):
+                    ct_consts, _, ct_xs = vjp_all(cts)
+                    return ct_consts, ct_xs
+
+            matrix, offset = aggregate(jac_t, offsets, g_last)
+            g_end = self._exchange(matrix, offset, g_last)
+            g = local.scan(g_end, jac_t, offsets)  # [g_start, ..., g_end] of this slice
+            mask = valid.reshape(-1, *([1] * (g.ndim - 1)))
+            cts = layout.unpack(jnp.where(mask, g[1:], 0), carries, stacked=True)
+            ct_consts, ct_xs = vjp((cts, ct_ys))
+            ct_consts = lax.psum(ct_consts, axis)
+            here = lax.axis_index(axis) == first_device
+            g_first = lax.psum(jnp.where(here, g[first_index], 0), axis)
+            flags = debug.step_flags(jac_t, g, offsets) if check else jnp.zeros(0, jnp.int32)
+            ct_xs = jax.tree.map(backward.float0_as_placeholder, ct_xs)
+            return g_first, ct_consts, ct_xs, flags
+
+        time, same = P(axis), P()
+        run = jax.shard_map(
+            on_device,
+            mesh=self.mesh,
+            in_specs=(same, time, time, time, time, same),
+            out_specs=(same, same, time, time),
+            axis_names={axis},
+            check_vma=False,
+        )
+        g_first, ct_consts, ct_xs, flags = run(consts, carries_p, xs_p, ct_ys_p, valid, g_last)
+        ct_xs = jax.tree.map(lambda c: c[pad:], ct_xs)
+        ct_xs = jax.tree.map(backward.restore_float0, ct_xs, xs)
+        return g_first, ct_consts, ct_xs, (flags[pad:] if check else None)
+
+    def _exchange(self, matrix, offset, g_last):
+        """The cotangent entering this device's slice from the right (its ``g_end``)."""
+        axis, devices = self.axis_name, self.devices
+        me = lax.axis_index(axis)
+        if self.exchange == "all_gather":
+            matrices = lax.all_gather(matrix, axis)  # (P, *batch, n, n)
+            offsets = lax.all_gather(offset, axis)
+
+            def fold(g, q):  # from the last device back: g entering device q - 1
+                g_before = jnp.einsum("...ij,...j->...i", matrices[q], g) + offsets[q]
+                return g_before, g
+
+            _, g_ends = lax.scan(fold, g_last, jnp.arange(devices), reverse=True)
+            return g_ends[me]
+        # Hillis-Steele from the right: after round r, device p holds the composition of
+        # devices p .. p + 2^(r+1) - 1 (clipped at the last one).
+        shift = 1
+        while shift < devices:
+            perm = [(src, src - shift) for src in range(shift, devices)]
+            m_in = lax.ppermute(matrix, axis, perm)
+            o_in = lax.ppermute(offset, axis, perm)
+            has_in = me + shift < devices
+            # this map (earlier) after the received one (later): M = M_me @ M_in
+            new_matrix = matrix @ m_in
+            new_offset = jnp.einsum("...ij,...j->...i", matrix, o_in) + offset
+            matrix = jnp.where(has_in, new_matrix, matrix)
+            offset = jnp.where(has_in, new_offset, offset)
+            shift *= 2
+        g_start = jnp.einsum("...ij,...j->...i", matrix, g_last) + offset  # entering this slice
+        g_end = lax.ppermute(g_start, axis, [(src, src - 1) for src in range(1, devices)])
+        return jnp.where(me == devices - 1, g_last, g_end)
+
+
+def _front_zeros(pad):
+    def fn(a):
+        return jnp.concatenate([jnp.zeros((pad, *a.shape[1:]), a.dtype), a]) if pad else a
+
+    return fn
+
+
+def _default_scan():
+    from bppsa._core.methods.sequential import Sequential
+
+    return Sequential(jacobians=True)
