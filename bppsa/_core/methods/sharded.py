@@ -161,8 +161,11 @@ class Sharded(JacobianMethod):
                     ct_consts, _, ct_xs = vjp_all(cts)
                     return ct_consts, ct_xs
 
-            matrix, offset = aggregate(jac_t, offsets, g_last)
-            g_end = self._exchange(matrix, offset, g_last)
+            if devices == 1:  # nothing to exchange
+                g_end = g_last
+            else:
+                matrix, offset = aggregate(jac_t, offsets, g_last)
+                g_end = self._exchange(matrix, offset, g_last)
             g = local.scan(g_end, jac_t, offsets)  # [g_start, ..., g_end] of this slice
             mask = valid.reshape(-1, *([1] * (g.ndim - 1)))
             cts = layout.unpack(jnp.where(mask, g[1:], 0), carries, stacked=True)
