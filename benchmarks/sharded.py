@@ -12,9 +12,10 @@ T steps, and P in ``--devices`` emulated CPU devices (one subprocess per P, with
 * the bytes each device receives in the exchange (from the shapes: an aggregate is
   ``B (n^2 + n)`` floats), and the collectives found in the compiled program;
 * the peak memory per device (XLA's compiled memory analysis: temporaries + outputs);
-* wall-clock medians over interleaved repeats. The P emulated devices share this machine's
-  cores (2 here), so wall-clock does NOT show the speedup of P real devices; the step counts
-  and volumes do.
+* wall-clock medians over interleaved repeats, of the whole gradient and of the forward alone
+  (``pipelined``: ``Sharded(..., forward="pipelined")``, device after device). The P emulated
+  devices share this machine's cores (2 here), so wall-clock does NOT show the speedup of P
+  real devices; the step counts and volumes do.
 
 Run: ``.venv/bin/python -m benchmarks.sharded`` (P = 1, 2, 4, 8; T = 1k, 10k, 100k; B = 16,
 H = 20; a few minutes) or with ``--devices``, ``--lengths``, ... Results: JSON (``--out``),
@@ -24,6 +25,7 @@ rows written as they finish, and a printed table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -82,9 +84,10 @@ def worker(args) -> None:
         )
         return jnp.sum(state @ head)
 
-    def per_example(params, xs):
+    def per_example(params, xs, scan_options=None):
         def one(x):
-            state, _ = bppsa.scan(lambda s, x_t: (cell(params, s, x_t), None), jnp.zeros(hidden), x)
+            body = lambda s, x_t: (cell(params, s, x_t), None)  # noqa: E731
+            state, _ = bppsa.scan(body, jnp.zeros(hidden), x, **(scan_options or {}))
             return state @ head
 
         return jnp.sum(jax.vmap(one)(xs))
@@ -92,6 +95,7 @@ def worker(args) -> None:
     methods = {
         "all_gather": bppsa.Sharded(mesh, "t"),
         "ppermute": bppsa.Sharded(mesh, "t", exchange="ppermute"),
+        "pipelined": bppsa.Sharded(mesh, "t", forward="pipelined"),
     }
     for length in args.lengths:
         xs = (jax.random.uniform(jax.random.key(2), (args.batch, length, 1)) < 0.3).astype(
@@ -100,6 +104,8 @@ def worker(args) -> None:
         fns = {"forward": jax.jit(batched), "bp": jax.jit(jax.grad(batched))}
         for name, method in methods.items():
             fns[name] = jax.jit(bppsa.grad(per_example, method=method))
+            forward_only = functools.partial(per_example, scan_options=dict(method=method))
+            fns[f"{name}/forward"] = jax.jit(forward_only)
         compiled = {name: fn.lower(params, xs).compile() for name, fn in fns.items()}
         for fn in fns.values():
             jax.block_until_ready(fn(params, xs))
@@ -110,18 +116,21 @@ def worker(args) -> None:
                 jax.block_until_ready(fn(params, xs))
                 times[name].append(time.perf_counter() - start)
         row = dict(devices=devices, length=length, batch=args.batch, hidden=hidden, methods={})
-        forward = statistics.median(times["forward"])
+        exchange = {"bp": "bp", "all_gather": "all_gather", "ppermute": "ppermute"}
+        exchange["pipelined"] = "all_gather"
         for name in ("bp", *methods):
+            own_forward = times.get(f"{name}/forward", times["forward"])
             memory = compiled[name].memory_analysis()
             hlo = compiled[name].as_text()
             total = statistics.median(times[name])
             row["methods"][name] = dict(
                 total_ms=1e3 * total,
                 min_ms=1e3 * min(times[name]),
-                backward_ms=1e3 * (total - forward),
-                critical_path_backward=critical_path(name, length, devices),
-                critical_path_total=critical_path(name, length, devices) + length,
-                exchange_bytes_received=exchange_bytes(name, devices, args.batch, hidden),
+                forward_ms=1e3 * statistics.median(own_forward),
+                backward_ms=1e3 * (total - statistics.median(own_forward)),
+                critical_path_backward=critical_path(exchange[name], length, devices),
+                critical_path_total=critical_path(exchange[name], length, devices) + length,
+                exchange_bytes_received=exchange_bytes(exchange[name], devices, args.batch, hidden),
                 peak_bytes_per_device=int(memory.temp_size_in_bytes + memory.output_size_in_bytes),
                 collectives={
                     op: hlo.count(f" {op}(") for op in ("all-gather", "collective-permute")
@@ -132,7 +141,8 @@ def worker(args) -> None:
 
 def print_row(row) -> None:
     parts = [
-        f"{name}: {m['total_ms']:8.1f} ms, path {m['critical_path_backward']:>6}, "
+        f"{name}: {m['total_ms']:8.1f} ms (fwd {m['forward_ms']:7.1f}), "
+        f"path {m['critical_path_backward']:>6}, "
         f"recv {m['exchange_bytes_received'] / 1e3:6.1f} kB, "
         f"peak {m['peak_bytes_per_device'] / 1e6:7.1f} MB"
         for name, m in row["methods"].items()

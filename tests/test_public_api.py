@@ -48,6 +48,7 @@ DOCTEST_MODULES = [
     "bppsa._core.plans",
     "bppsa._core.body",
     "bppsa._core.methods.auto",
+    "bppsa._core.methods.sharded",
     "bppsa.models._classifier",
     "bppsa.data.synthetic",
 ]

@@ -68,6 +68,22 @@ def test_exchange_by_ppermute_and_local_methods(local, length):
         check("gru", method, length, "every", jnp.float32)
 
 
+@pytest.mark.parametrize("length,where", [(17, "every"), (3, "last")])
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "autodiff"])
+def test_pipelined_forward(cell, length, where):
+    """Device after device: the same gradients, and the same forward as lax.scan."""
+    method = bppsa.Sharded(mesh_of(4), "t", forward="pipelined")
+    check(cell, method, length, where, jnp.float32)
+    params, xs, _, init = cell_problem(CELLS[cell], length, 2, 5, jnp.float32)
+
+    def states(scan, **options):
+        body = lambda s, x: (CELLS[cell](params, s, x), CELLS[cell].output(s))
+        return jax.vmap(lambda x, i: scan(body, i, x, **options))(xs, init)
+
+    actual = jax.jit(lambda: states(bppsa.scan, method=method))()
+    assert_trees_close(actual, states(jax.lax.scan), jnp.float32)
+
+
 def test_batch_sharded_on_another_axis_of_the_mesh():
     mesh = mesh_of(8, ("data", "t"))  # 2 x 4
     place = NamedSharding(mesh, P("data", "t"))  # xs: (batch, T, inputs)
@@ -76,8 +92,9 @@ def test_batch_sharded_on_another_axis_of_the_mesh():
     check("lstm", bppsa.Sharded(mesh, "t"), 12, "last", jnp.float32, batch=2, place=place)
 
 
-def test_pytree_carry_with_an_integer_leaf_reverse_and_both_cotangents():
-    method = bppsa.Sharded(mesh_of(4), "t")
+@pytest.mark.parametrize("forward", ["replicated", "pipelined"])
+def test_pytree_carry_with_an_integer_leaf_reverse_and_both_cotangents(forward):
+    method = bppsa.Sharded(mesh_of(4), "t", forward=forward)
     xs = {"a": jnp.linspace(-1, 1, 22).reshape(11, 2), "n": jnp.arange(11)}
 
     def loss(scan, w, init):

@@ -39,10 +39,12 @@ from jax.sharding import PartitionSpec as P
 
 from bppsa._core import backward, debug
 from bppsa._core.carry import zero_cotangent
+from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan._algorithms import aggregate
 
 EXCHANGES = ("all_gather", "ppermute")
+FORWARDS = ("replicated", "pipelined")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +61,10 @@ class Sharded(JacobianMethod):
         local: the Jacobian method each device runs on its slice (``None``: what ``Auto()``
             would pick for a slice, on the mesh's platform).
         exchange: ``"all_gather"`` (default) or ``"ppermute"``.
+        forward: ``"replicated"`` (default): the sequential forward as on one device, XLA
+            keeping each device's slice of the stacked carries; ``"pipelined"``: device after
+            device, each running only its own slice from the carry the previous one sends
+            (:class:`PipelinedForward`).
 
     Example:
         >>> mesh = jax.sharding.Mesh(jax.devices()[:1], ("t",))
@@ -71,6 +77,7 @@ class Sharded(JacobianMethod):
     axis_name: str
     local: JacobianMethod | None = None
     exchange: str = "all_gather"
+    forward: str = "replicated"
     name: ClassVar[str | None] = None
 
     def __post_init__(self):
@@ -92,6 +99,8 @@ class Sharded(JacobianMethod):
                 f"bppsa.Blelloch(), bppsa.Chunked(), bppsa.Sequential(jacobians=True)); got "
                 f"{self.local!r}."
             )
+        if self.forward not in FORWARDS:
+            raise ValueError(f"Sharded: forward must be one of {FORWARDS}, got {self.forward!r}.")
         if self.exchange not in EXCHANGES:
             raise ValueError(
                 f"Sharded: exchange must be one of {EXCHANGES}, got {self.exchange!r}."
@@ -111,6 +120,11 @@ class Sharded(JacobianMethod):
         platform = self.mesh.devices.flat[0].platform
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
         return Auto().for_footprint(slice_fp, platform, parallel=True)
+
+    def differentiable(self, problem, forward, **options):
+        if self.forward == "pipelined":
+            forward = PipelinedForward(self.mesh, self.axis_name)
+        return super().differentiable(problem, forward, **options)
 
     def scan(self, g_last, maps, offsets):
         # A stack already on one device: the local method's scan.
@@ -222,6 +236,79 @@ class Sharded(JacobianMethod):
         g_start = jnp.einsum("...ij,...j->...i", matrix, g_last) + offset  # entering this slice
         g_end = lax.ppermute(g_start, axis, [(src, src - 1) for src in range(1, devices)])
         return jnp.where(me == devices - 1, g_last, g_end)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelinedForward(Forward):
+    """The sequential forward, device after device along ``axis_name``.
+
+    Device ``p`` runs its slice of ``L = ceil(T / P)`` steps (the earliest slice padded at its
+    start with steps that keep the carry) once device ``p - 1`` has sent it the carry (one
+    ``ppermute`` per stage, ``lax.cond`` so that the other devices idle): still ``T``
+    dependent steps, but every device computes and keeps only its own slice.
+    """
+
+    mesh: Mesh
+    axis_name: str
+
+    def __call__(self, step, consts, init, xs, *, length, keep):
+        axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
+        if length == 0:
+            return SequentialForward()(step, consts, init, xs, length=length, keep=keep)
+        per_device = -(-length // devices)
+        pad = devices * per_device - length
+        xs_p = jax.tree.map(_front_edge(pad), xs)
+        valid = jnp.arange(devices * per_device) >= pad
+
+        def run_slice(consts, carry, xs, valid):
+            def body(c, inputs):
+                x, ok = inputs
+                new, y, *_ = step(c, x, *consts)
+                return _select(ok, new, c), (y, c)
+
+            return lax.scan(body, carry, (xs, valid), length=per_device)
+
+        def on_device(consts, init, xs, valid):
+            me = lax.axis_index(axis)
+            shapes = jax.eval_shape(run_slice, consts, init, xs, valid)
+
+            def idle(*args):
+                return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+
+            carry, out = init, idle()
+            for stage in range(devices):
+                result = lax.cond(me == stage, run_slice, idle, consts, carry, xs, valid)
+                out = _select(me == stage, result, out)
+                if stage + 1 < devices:
+                    sent = lax.ppermute(result[0], axis, [(stage, stage + 1)])
+                    carry = _select(me == stage + 1, sent, carry)
+            final, (ys, before) = out
+            last = me == devices - 1
+            final = jax.tree.map(lambda a: lax.psum(jnp.where(last, a, 0), axis), final)
+            return final, ys, before
+
+        time, same = P(axis), P()
+        final, ys, before = jax.shard_map(
+            on_device,
+            mesh=self.mesh,
+            in_specs=(same, same, time, time),
+            out_specs=(same, time, time),
+            axis_names={axis},
+            check_vma=False,
+        )(consts, init, xs_p, valid)
+        ys, before = jax.tree.map(lambda a: a[pad:], (ys, before))
+        return final, ((ys, before) if keep else ys)
+
+
+def _select(condition, on_true, on_false):
+    return jax.tree.map(lambda a, b: jnp.where(condition, a, b), on_true, on_false)
+
+
+def _front_edge(pad):
+    def fn(a):
+        return jnp.concatenate([jnp.repeat(a[:1], pad, axis=0), a]) if pad else a
+
+    return fn
 
 
 def _front_zeros(pad):
