@@ -1,14 +1,67 @@
 #!/usr/bin/env bash
-# The speed benchmark on a CUDA GPU with JAX's GPU backend (python3 with a CUDA build of JAX,
-# optax and matplotlib installed; no virtual environment needed). Writes speed_gpu.json with
-# the device name into $OUT (the device tool's output folder) or results/. Planned to finish
-# within 8 minutes; the time limit below keeps what was measured (rows are written as they
-# finish) if it does not.
+# The speed benchmark on one CUDA GPU (JAX's GPU backend), in one call of at most ~8 minutes:
+# the paper's grids first (RNN and GRU, H = 20: T sweep at B = 16, B sweep at T = 1000), then
+# larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256: the dense scan does
+# ~H times BP's arithmetic, so somewhere there the parallel scan stops paying), the most
+# expensive last. Methods: BP (always, the baseline), Auto(), Blelloch(), Chunked(); one that
+# does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
+# CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
+# Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end) and
+# speed_gpu.log into $OUT (the device tool's output folder), else results/.
+#
+#   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
+#   bash benchmarks/gpu.sh --dry-run  # the same grids with tiny sizes, anywhere, in seconds
+#
+# Exit status: 0 complete; 124 or 137 the time limit ended it (the JSON keeps what was
+# measured); otherwise the benchmark's. A benchmark killed by a signal (a crash inside XLA) is
+# restarted with --resume while time is left: it keeps the rows measured and skips the one the
+# crash happened in (recorded as "unfinished").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out_dir="${OUT:-results}"
 mkdir -p "$out_dir"
-python3 -c "import jax; assert jax.default_backend() == 'gpu', jax.devices(); print(jax.devices())"
-PYTHONPATH=. PYTHONUNBUFFERED=1 timeout 460 python3 -m benchmarks.speed \
-    --methods blelloch chunked --repeats 5 --out "$out_dir/speed_gpu.json" || true
-test -s "$out_dir/speed_gpu.json"
+json="$out_dir/speed_gpu.json"
+log="$out_dir/speed_gpu.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+limit_s=460 # the whole run, restarts included (one device call may run about 8 minutes)
+restart_s=60 # the least time left worth a restart (JAX's import and the GPU's start-up)
+deadline=$((SECONDS + limit_s))
+args=(
+    --require-backend gpu
+    --methods auto blelloch chunked
+    --cells rnn gru --hidden 20
+    --lengths 10 30 100 300 1000 3000 10000 30000 --t-batch 16
+    --batches 1 2 4 8 16 32 64 128 256 --b-length 1000
+    --hiddens 64 256 1024 --h-cells rnn --h-batches 1 16 256 --h-length 1000
+    --repeats 5 --row-seconds 10
+    --out "$json"
+)
+rm -f "$json"
+: >"$log"
+if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$log" || true
+fi
+resume=()
+status=0
+for attempt in 1 2 3; do
+    left=$((deadline - SECONDS))
+    if ((attempt > 1 && left < restart_s)); then
+        echo "gpu.sh: ${left} s left, too little to restart" | tee -a "$log"
+        break
+    fi
+    status=0
+    timeout --kill-after=10 "$left" python3 -m benchmarks.speed "${args[@]}" \
+        ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tee -a "$log" || status=$?
+    if ((status <= 128 || status == 137)); then # done, refused, failed or timed out
+        break
+    fi
+    echo "gpu.sh: benchmarks.speed died (exit ${status}); restarting with --resume" | tee -a "$log"
+    resume=(--resume)
+done
+if [[ ! -s "$json" ]]; then
+    echo "gpu.sh: no results in ${json} (exit ${status})" | tee -a "$log"
+    exit $((status == 0 ? 1 : status))
+fi
+echo "gpu.sh: exit ${status}, results in ${json}" | tee -a "$log"
+exit "$status"

@@ -1,8 +1,9 @@
 """Speed of BPPSA's backward pass against back-propagation (jax.grad through lax.scan).
 
 For the paper's classifiers (input 1, hidden H, linear head on the last state), over a T sweep at
-B = 16 and a B sweep at T = 1000, times in ONE process, interleaved (every variant once per
-round, so that load on a shared machine hits all alike), medians after warm-up:
+B = 16, a B sweep at T = 1000 and, with ``--hiddens``, an H sweep, times in ONE process,
+interleaved (every variant once per round, so that load on a shared machine hits all alike),
+medians after a warm-up call:
 
 * forward only (the loss through a batched ``lax.scan``);
 * BP: ``jax.grad`` of that loss;
@@ -11,21 +12,35 @@ round, so that load on a shared machine hits all alike), medians after warm-up:
 
 Backward time = total - forward (as in the paper); speedups are BP over BPPSA. Also reported:
 the scan's modelled work and achieved GFLOP/s next to a large matrix product's GFLOP/s measured
-in the same run, and XLA's peak temporary memory of each compiled gradient.
+in the same run, what each method ran (``Auto()``'s pick, after the memory guard), and XLA's
+peak temporary memory of each compiled gradient.
+
+Each function is compiled once per configuration, ahead of time (names whose method runs the
+same backward share one compilation). A method whose memory estimate exceeds the device's memory
+(``bppsa.MemoryLimitError``, raised when it is traced) is recorded as skipped with the reason;
+any other exception is recorded in its method or its row, and the run goes on. The JSON is
+rewritten atomically around every row (the row being measured is there as ``"unfinished"``), so
+a time-out or a crash keeps what was measured; ``--resume`` keeps an earlier run's rows and
+measures the rest. ``--dry-run`` runs the same grids with tiny sizes, in seconds, anywhere.
 
 Run: ``.venv/bin/python -m benchmarks.speed --quick`` (a few minutes on 2 cores) or without
-``--quick`` for the full grids. Results: JSON (``--out``) and a printed table.
+``--quick`` for the full grids; ``benchmarks/gpu.sh`` on a GPU. Results: JSON (``--out``) and a
+printed table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.metadata
 import json
 import math
 import os
 import pathlib
 import platform
+import shlex
 import statistics
+import sys
 import time
 
 import jax
@@ -33,24 +48,50 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import GRU, RNN
-from bppsa.scan import Auto, default_chunks, resolve
+from bppsa.scan import default_chunks, resolve
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
-# Floats of one step's transposed Jacobian as the library stores it (what Auto() weighs): the
-# RNN's W^T diag(d) keeps d, the GRU's keeps three gate scales and diag(z).
-JACOBIAN_FLOATS = {"rnn": 1, "gru": 4}
-
-
-def auto_choice(cell_name: str, length: int, batch: int, hidden: int) -> bppsa.Method:
-    """The method ``bppsa.Auto()`` runs for this configuration on the default backend."""
-    element = JACOBIAN_FLOATS[cell_name] * hidden
-    return Auto().choose(length, hidden, batch=batch, element=element)
-
+SWEEPS = ("t_sweep", "b_sweep", "h_sweep")
 
 FULL_T = [10, 30, 100, 300, 1000, 3000, 10000, 30000]
 FULL_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 QUICK_T = [100, 1000, 10000]
 QUICK_B = [1, 16, 128]
+# --dry-run: these sizes in place of the requested ones (a sweep that is empty stays empty).
+DRY_RUN = dict(lengths=[3, 5], batches=[1, 2], hiddens=[2, 3], h_batches=[1, 2])
+DRY_RUN.update(t_batch=2, b_length=5, h_length=5, hidden=2, repeats=1)
+MIN_ROUNDS = 2  # timed rounds a row gets even past --row-seconds (fewer only if --repeats is)
+MESSAGE_CHARS = 2000  # of an exception's text kept in the JSON (XLA's can hold whole programs)
+UNFINISHED = "the process ended (time-out or crash) while this row was being measured"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One configuration, a row of the sweep ``sweep``."""
+
+    sweep: str
+    cell: str
+    length: int
+    batch: int
+    hidden: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.cell, self.length, self.batch, self.hidden)
+
+
+def plan(args: argparse.Namespace) -> list[Config]:
+    """The configurations in the order they are measured: the T sweep and the B sweep (every
+    cell, at ``--hidden``), then the H sweep by increasing H (cheap and most important first)."""
+    t_sweep = [
+        ("t_sweep", c, t, args.t_batch, args.hidden) for c in args.cells for t in args.lengths
+    ]
+    b_sweep = [
+        ("b_sweep", c, args.b_length, b, args.hidden) for c in args.cells for b in args.batches
+    ]
+    hs = [(c, b, h) for h in args.hiddens for c in args.h_cells for b in args.h_batches]
+    h_sweep = [("h_sweep", c, args.h_length, b, h) for c, b, h in hs]
+    return [Config(*fields) for fields in [*t_sweep, *b_sweep, *h_sweep]]
 
 
 def parse_method(name: str) -> bppsa.Method:
@@ -94,8 +135,8 @@ def losses(cell, hidden):
 
 
 def scan_work(method: bppsa.Method, length: int, batch: int, hidden: int) -> float:
-    """Modelled floating-point operations of the scan alone (2 per multiply-add); for
-    ``Auto()``, pass the method it chooses."""
+    """Modelled floating-point operations of the scan alone (2 per multiply-add) of the
+    concrete method that runs."""
     matvec = 2 * length * batch * hidden**2
     if isinstance(method, bppsa.Blocked):  # the inner method over blocks of ``block`` steps
         block = min(method.block, length)
@@ -111,7 +152,15 @@ def scan_work(method: bppsa.Method, length: int, batch: int, hidden: int) -> flo
     return matvec
 
 
-def gemm_rate(size=2048, repeats=5) -> float:
+def gemm_rate(size: int, repeats: int = 5) -> float | None:
+    """GFLOP/s of a ``size x size`` float32 matrix product (``None`` if it fails)."""
+    try:
+        return _gemm_rate(size, repeats)
+    except Exception:  # a reference figure: no reason to lose the run
+        return None
+
+
+def _gemm_rate(size: int, repeats: int) -> float:
     a = jnp.ones((size, size), jnp.float32)
     f = jax.jit(lambda a: a @ a)
     jax.block_until_ready(f(a))
@@ -123,70 +172,150 @@ def gemm_rate(size=2048, repeats=5) -> float:
     return 2 * size**3 / statistics.median(times) / 1e9
 
 
-def peak_bytes(fn, *args) -> int | None:
+def peak_bytes(compiled) -> int | None:
     try:
-        analysis = jax.jit(fn).lower(*args).compile().memory_analysis()
+        analysis = compiled.memory_analysis()
         return int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
     except Exception:  # memory analysis is not available on every backend
         return None
 
 
-def measure(cell_name, length, batch, hidden, methods, repeats):
-    cell = CELLS[cell_name]
-    params, head, xs = problem(cell, length, batch, hidden)
-    batched, per_example = losses(cell, hidden)
-    fns = {"forward": jax.jit(batched), "bp": jax.jit(jax.grad(batched))}
-    for name, method in methods.items():
-        fns[name] = jax.jit(bppsa.grad(per_example, method=method))
-    for fn in fns.values():  # compile and warm up
-        jax.block_until_ready(fn(params, head, xs))
-        jax.block_until_ready(fn(params, head, xs))
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(params, head, xs))
-            times[name].append(time.perf_counter() - start)
-    median = {name: statistics.median(ts) for name, ts in times.items()}
-    forward, bp = median["forward"], median["bp"]
-    row = dict(
-        cell=cell_name,
-        length=length,
-        batch=batch,
-        hidden=hidden,
-        forward_ms=1e3 * forward,
-        bp_total_ms=1e3 * bp,
-        bp_backward_ms=1e3 * (bp - forward),
-        bp_peak_bytes=peak_bytes(jax.grad(batched), params, head, xs),
-        methods={},
+def describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:MESSAGE_CHARS]
+
+
+def empty_row(config: Config, methods, status: str = "ok", error: str | None = None) -> dict:
+    """A row with every key (``None`` where nothing was measured)."""
+    blank = dict(total_ms=None, backward_ms=None, backward_speedup=None, overall_speedup=None)
+    blank.update(runs=None, scan_gflop=None, achieved_gflops=None, peak_bytes=None)
+    return dict(
+        cell=config.cell,
+        length=config.length,
+        batch=config.batch,
+        hidden=config.hidden,
+        status=status,
+        error=error,
+        seconds=None,
+        rounds=0,
+        forward_ms=None,
+        bp_total_ms=None,
+        bp_backward_ms=None,
+        bp_peak_bytes=None,
+        compile_s={},
+        methods={name: dict(status=status, error=error, **blank) for name in methods},
     )
+
+
+def measure(config: Config, methods, repeats, *, seconds=None, memory_limit=None) -> dict:
+    """Times one configuration; failures are recorded in the row, never raised.
+
+    Args:
+        config: what to measure.
+        methods: ``{name: bppsa.Method}``.
+        repeats: timed rounds at most.
+        seconds: stop the rounds when the next would end past this many seconds (after
+            ``MIN_ROUNDS``); ``None``: no budget.
+        memory_limit: ``bppsa.grad``'s (``None``: the device's available memory).
+    """
+    row, start = empty_row(config, methods), time.perf_counter()
+    try:
+        _measure(row, config, methods, repeats, seconds, memory_limit)
+    except Exception as error:  # the baseline itself failed: nothing of this row is usable
+        row.update(status="error", error=describe(error))
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+def _measure(row, config, methods, repeats, seconds, memory_limit):
+    cell = CELLS[config.cell]
+    args = problem(cell, config.length, config.batch, config.hidden)
+    batched, per_example = losses(cell, config.hidden)
+
+    def compile_(fn, name):
+        start = time.perf_counter()
+        compiled = jax.jit(fn).lower(*args).compile()
+        row["compile_s"][name] = time.perf_counter() - start
+        return compiled
+
+    fns = {"forward": compile_(batched, "forward"), "bp": compile_(jax.grad(batched), "bp")}
+    by_runs, runs_of = {}, {}  # compilations by the method that runs; what each name runs
     for name, method in methods.items():
-        total = median[name]
-        runs = auto_choice(cell_name, length, batch, hidden) if isinstance(method, Auto) else method
+        entry = row["methods"][name]
+        try:
+            start = time.perf_counter()
+            with bppsa.trace_plans() as plans:
+                fn = bppsa.grad(per_example, method=method, memory_limit=memory_limit)
+                lowered = jax.jit(fn).lower(*args)
+            runs = (plans[-1].backward or plans[-1].method) if plans else method
+            if runs not in by_runs:
+                by_runs[runs] = lowered.compile()
+            fns[name], runs_of[name] = by_runs[runs], runs
+            row["compile_s"][name] = time.perf_counter() - start
+            entry.update(runs=repr(runs), peak_bytes=peak_bytes(fns[name]))
+        except bppsa.MemoryLimitError as error:
+            entry.update(status="skipped", error=describe(error))
+        except Exception as error:
+            entry.update(status="error", error=describe(error))
+
+    def call(name):  # seconds of one call; a method that fails is recorded and dropped
+        start = time.perf_counter()
+        try:
+            jax.block_until_ready(fns[name](*args))
+        except Exception as error:
+            if name in ("forward", "bp"):
+                raise
+            row["methods"][name].update(status="error", error=describe(error))
+            del fns[name]
+            return None
+        return time.perf_counter() - start
+
+    for name in list(fns):  # warm-up
+        call(name)
+    times = {name: [] for name in fns}
+    started = time.perf_counter()
+    for rounds in range(1, repeats + 1):
+        for name in list(fns):
+            if (elapsed := call(name)) is not None:
+                times[name].append(elapsed)
+        row["rounds"] = rounds
+        spent = time.perf_counter() - started
+        if seconds is not None and rounds >= MIN_ROUNDS and spent * (rounds + 1) / rounds > seconds:
+            break
+    forward, bp = (statistics.median(times[name]) for name in ("forward", "bp"))
+    row.update(forward_ms=1e3 * forward, bp_total_ms=1e3 * bp, bp_backward_ms=1e3 * (bp - forward))
+    row["bp_peak_bytes"] = peak_bytes(fns["bp"])
+    for name in methods:
+        if name not in fns:
+            continue
+        total = statistics.median(times[name])
         backward = max(total - forward, 1e-9)
-        row["methods"][name] = dict(
+        work = scan_work(runs_of[name], config.length, config.batch, config.hidden)
+        row["methods"][name].update(
             total_ms=1e3 * total,
             backward_ms=1e3 * backward,
             backward_speedup=(bp - forward) / backward,
             overall_speedup=bp / total,
-            runs=repr(runs),
-            scan_gflop=scan_work(runs, length, batch, hidden) / 1e9,
-            achieved_gflops=scan_work(runs, length, batch, hidden) / backward / 1e9,
-            peak_bytes=peak_bytes(bppsa.grad(per_example, method=method), params, head, xs),
+            scan_gflop=work / 1e9,
+            achieved_gflops=work / backward / 1e9,
         )
-    return row
 
 
 def print_row(row):
-    head = (
-        f"{row['cell']:<4} T={row['length']:<6} B={row['batch']:<4} "
-        f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} ms"
-    )
-    parts = [
-        f"{name}: bwd {m['backward_ms']:7.2f} ms x{m['backward_speedup']:5.2f} "
-        f"(overall x{m['overall_speedup']:4.2f})" + (f" [{m['runs']}]" if name == "auto" else "")
-        for name, m in row["methods"].items()
-    ]
+    head = f"{row['cell']:<4} T={row['length']:<6} B={row['batch']:<4} H={row['hidden']:<5}"
+    if row["status"] != "ok":
+        print(f"{head} {row['status']}: {row['error'][:300]}", flush=True)
+        return
+    head += f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} ms"
+    parts = []
+    for name, m in row["methods"].items():
+        if m["status"] != "ok":
+            parts.append(f"{name}: {m['status']} ({m['error'][:80]})")
+            continue
+        runs = f" [{m['runs']}]" if name == "auto" else ""
+        parts.append(
+            f"{name}: bwd {m['backward_ms']:7.2f} ms x{m['backward_speedup']:5.2f} "
+            f"(overall x{m['overall_speedup']:4.2f}){runs}"
+        )
     print(head + "  |  " + "  |  ".join(parts), flush=True)
 
 
@@ -197,59 +326,152 @@ def write_atomically(path: pathlib.Path, payload) -> None:
     tmp.replace(path)
 
 
-def main(argv=None) -> None:
+def previous_run(path: pathlib.Path) -> tuple[dict, int]:
+    """The rows of an earlier run written to ``path`` by configuration, and its attempts
+    (nothing when there is none or it is unreadable)."""
+    try:
+        payload = json.loads(path.read_text())
+        rows = {
+            (r["cell"], r["length"], r["batch"], r["hidden"]): r
+            for sweep in SWEEPS
+            for r in payload.get(sweep, [])
+        }
+        return rows, int(payload.get("attempts", 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, 0
+
+
+def parse_args(argv) -> argparse.Namespace:
+    """The options, checked, with the grids filled in (and shrunk by ``--dry-run``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small grids (a few minutes)")
-    parser.add_argument("--cells", nargs="+", default=["rnn", "gru"], choices=list(CELLS))
-    parser.add_argument("--hidden", type=int, default=20)
-    parser.add_argument("--methods", nargs="+", default=["auto", "blelloch", "chunked"])
-    parser.add_argument(
-        "--lengths", type=int, nargs="*", help="T sweep (at --t-batch); empty: no T sweep"
-    )
-    parser.add_argument(
-        "--batches", type=int, nargs="*", help="B sweep (at --b-length); empty: no B sweep"
-    )
-    parser.add_argument("--t-batch", type=int, default=16, help="B of the T sweep (16)")
-    parser.add_argument("--b-length", type=int, default=1000, help="T of the B sweep (1000)")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/speed.json"))
+    add = parser.add_argument
+    add("--quick", action="store_true", help="small grids (a few minutes)")
+    add("--cells", nargs="+", default=["rnn", "gru"], choices=list(CELLS))
+    add("--hidden", type=int, default=20, help="H of the T and B sweeps (20)")
+    add("--methods", nargs="+", default=["auto", "blelloch", "chunked"])
+    add("--lengths", type=int, nargs="*", help="T sweep (at --t-batch); empty: no T sweep")
+    add("--batches", type=int, nargs="*", help="B sweep (at --b-length); empty: no B sweep")
+    add("--t-batch", type=int, default=16, help="B of the T sweep (16)")
+    add("--b-length", type=int, default=1000, help="T of the B sweep (1000)")
+    add("--hiddens", type=int, nargs="*", default=[], help="H sweep (default: none)")
+    add("--h-batches", type=int, nargs="+", default=[1, 16, 256], help="B of the H sweep")
+    add("--h-length", type=int, default=1000, help="T of the H sweep (1000)")
+    add("--h-cells", nargs="+", default=["rnn"], choices=list(CELLS), help="cells of the H sweep")
+    add("--repeats", type=int, default=7, help="timed rounds per row at most")
+    add("--row-seconds", type=float, help="time budget of a row's timed rounds (2 at least)")
+    add("--memory-limit", type=float, help="bytes for bppsa.grad (default: the device's)")
+    add("--require-backend", help="stop unless JAX's default backend is this (e.g. gpu)")
+    add("--dry-run", action="store_true", help="the same grids with tiny sizes, one round")
+    add("--resume", action="store_true", help="keep the rows already in --out")
+    add("--out", type=pathlib.Path, default=pathlib.Path("results/speed.json"))
     args = parser.parse_args(argv)
-    methods = {name: parse_method(name) for name in args.methods}
-    for name in ("hidden", "repeats", "t_batch", "b_length"):
+    for name in ("hidden", "repeats", "t_batch", "b_length", "h_length"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    lengths = args.lengths if args.lengths is not None else (QUICK_T if args.quick else FULL_T)
-    batches = args.batches if args.batches is not None else (QUICK_B if args.quick else FULL_B)
-    if any(n < 1 for n in [*lengths, *batches]):
-        parser.error("--lengths and --batches take positive ints")
+    for name in ("row_seconds", "memory_limit"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.lengths is None:
+        args.lengths = QUICK_T if args.quick else FULL_T
+    if args.batches is None:
+        args.batches = QUICK_B if args.quick else FULL_B
+    if any(n < 1 for n in [*args.lengths, *args.batches, *args.hiddens, *args.h_batches]):
+        parser.error("--lengths, --batches, --hiddens and --h-batches take positive ints")
+    for name in args.methods:
+        try:
+            parse_method(name)
+        except (ValueError, TypeError, IndexError) as error:
+            parser.error(f"--methods: {name!r}: {error}")
+    if args.dry_run:
+        for name, tiny in DRY_RUN.items():
+            empty = isinstance(tiny, list) and not getattr(args, name)
+            setattr(args, name, [] if empty else tiny)
+    return args
+
+
+def _versions(device) -> dict:
+    def get(fn):
+        try:
+            return fn()
+        except Exception:  # what is not available here is left out, never fatal
+            return None
+
+    plugins = get(
+        lambda: sorted(
+            f"{d.metadata['Name']} {d.version}"
+            for d in importlib.metadata.distributions()
+            if (d.metadata["Name"] or "").lower().replace("_", "-").startswith("jax-cuda")
+        )
+    )
+    return dict(
+        jax=jax.__version__,
+        jaxlib=get(lambda: importlib.metadata.version("jaxlib")),
+        jax_plugins=plugins,
+        platform_version=get(lambda: device.client.platform_version),
+        python=platform.python_version(),
+        matmul_precision=get(lambda: jax.config.jax_default_matmul_precision),
+    )
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    backend = jax.default_backend()
+    if args.require_backend and not args.dry_run and backend != args.require_backend:
+        sys.exit(
+            f"benchmarks.speed: this run needs JAX's {args.require_backend!r} backend, but the "
+            f"default backend is {backend!r} (devices: {jax.devices()}). It needs a JAX build "
+            "for that backend and a visible device; --dry-run checks the command without one."
+        )
+    started = time.perf_counter()
+    methods = {name: parse_method(name) for name in args.methods}
+    configs = plan(args)
+    done, attempts = previous_run(args.out) if args.resume else ({}, 0)
     device = jax.devices()[0]
+    gemm = 256 if args.dry_run else 2048 if backend == "cpu" else 8192
     payload = dict(
         device=getattr(device, "device_kind", device.platform),
         platform=device.platform,
+        backend=backend,
+        device_count=jax.device_count(),
         machine=platform.processor() or platform.machine(),
         cpus=os.cpu_count(),
-        jax=jax.__version__,
+        **_versions(device),
         bppsa=bppsa.__version__,
+        command=shlex.join(["python3", "-m", "benchmarks.speed", *argv]),
+        argv=argv,
+        dry_run=args.dry_run,
+        attempts=attempts + 1,
         repeats=args.repeats,
-        gemm_gflops=gemm_rate(),
-        t_sweep=[],
-        b_sweep=[],
+        row_seconds=args.row_seconds,
+        memory_limit=args.memory_limit,
+        methods=list(methods),
+        gemm_size=gemm,
+        gemm_gflops=gemm_rate(gemm),
+        complete=False,
+        elapsed_s=None,
+        **{sweep: [] for sweep in SWEEPS},
     )
     print(
-        f"{payload['device']} ({payload['cpus']} cpus), "
-        f"large GEMM {payload['gemm_gflops']:.1f} GFLOP/s"
+        f"{payload['device']} ({backend}, {payload['cpus']} cpus, JAX {payload['jax']}), "
+        f"large GEMM {payload['gemm_gflops'] or 0:.1f} GFLOP/s, {len(configs)} rows",
+        flush=True,
     )
-    for cell in args.cells:
-        for length in lengths:
-            row = measure(cell, length, args.t_batch, args.hidden, methods, args.repeats)
-            payload["t_sweep"].append(row)
-            print_row(row)
+    rows = dict(done)
+    for config in configs:
+        rows_of_sweep = payload[config.sweep]
+        if config.key not in rows:
+            rows_of_sweep.append(empty_row(config, methods, "unfinished", UNFINISHED))
             write_atomically(args.out, payload)
-        for batch in batches:
-            row = measure(cell, args.b_length, batch, args.hidden, methods, args.repeats)
-            payload["b_sweep"].append(row)
-            print_row(row)
-            write_atomically(args.out, payload)
+            budget = dict(seconds=args.row_seconds, memory_limit=args.memory_limit)
+            rows[config.key] = measure(config, methods, args.repeats, **budget)
+            rows_of_sweep.pop()
+            print_row(rows[config.key])
+        rows_of_sweep.append(rows[config.key])
+        payload["elapsed_s"] = time.perf_counter() - started
+        write_atomically(args.out, payload)
+    payload["complete"] = True
+    write_atomically(args.out, payload)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 README quotes (no timing is asserted)."""
 
 import json
+import math
 
 import pytest
 
@@ -20,11 +21,44 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     assert row["methods"]["auto"]["runs"].startswith("Blocked(method=Sequential(jacobians=True)")
     assert row["methods"]["chunked-2"]["runs"] == "Chunked(chunks=2)"
     for method in row["methods"].values():
-        assert method["total_ms"] > 0 and method["backward_speedup"] > 0
+        assert method["status"] == "ok" and method["error"] is None
+        assert method["total_ms"] > 0 and math.isfinite(method["backward_speedup"])
+    assert payload["complete"] and payload["h_sweep"] == []
 
 
-@pytest.mark.parametrize("flag", ["--hidden", "--repeats", "--t-batch", "--b-length"])
+def test_quick_grids_are_the_readmes():
+    configs = speed.plan(speed.parse_args(["--quick"]))
+    assert [c.length for c in configs if c.sweep == "t_sweep"] == speed.QUICK_T * 2
+    assert [c.batch for c in configs if c.sweep == "b_sweep"] == speed.QUICK_B * 2
+    assert not [c for c in configs if c.sweep == "h_sweep"]
+
+
+def test_resume_keeps_the_rows_written_and_measures_the_rest(tmp_path):
+    out = tmp_path / "speed.json"
+    grid = ["--cells", "rnn", "--lengths", "3", "5", "--t-batch", "2", "--batches", "--hidden", "2"]
+    unfinished = speed.empty_row(speed.Config("t_sweep", "rnn", 5, 2, 2), ["blelloch"])
+    unfinished.update(status="unfinished", error=speed.UNFINISHED)
+    out.write_text(json.dumps(dict(attempts=1, t_sweep=[unfinished])))
+    speed.main([*grid, "--methods", "blelloch", "--repeats", "1", "--resume", "--out", str(out)])
+    payload = json.loads(out.read_text())
+    assert payload["attempts"] == 2 and payload["complete"]
+    assert [(r["length"], r["status"]) for r in payload["t_sweep"]] == [
+        (3, "ok"),
+        (5, "unfinished"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--hidden", "--repeats", "--t-batch", "--b-length", "--h-length", "--row-seconds"],
+)
 def test_bad_sizes_are_refused_before_any_work(flag, capsys):
     with pytest.raises(SystemExit):
         speed.main([flag, "0"])
     assert flag in capsys.readouterr().err
+
+
+def test_unknown_methods_are_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit):
+        speed.main(["--methods", "no-such-method"])
+    assert "no-such-method" in capsys.readouterr().err

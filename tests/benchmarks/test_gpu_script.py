@@ -1,0 +1,148 @@
+"""``benchmarks/gpu.sh`` as the GPU machine runs it, here: the script's own text, with
+``--dry-run`` (the same grids with tiny sizes), this interpreter as ``python3`` and the
+test-only packages made unimportable (the GPU machine's python3 has no virtual environment).
+A typo in the script fails here: bash stops (``set -euo pipefail``), argparse refuses the flag,
+or the grids it asks for are not the paper's."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import speed
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu.sh"
+METHODS = ["auto", "blelloch", "chunked"]
+# Installed here for the tests, not on the GPU machine: the benchmark must not import them.
+TEST_ONLY = ["pytest", "_pytest", "hypothesis", "librosa", "soundfile", "ruff"]
+SITECUSTOMIZE = f"""import sys
+
+class _TestOnly:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {TEST_ONLY!r}:
+            raise ImportError(f"{{name}} is test-only: the GPU machine's python3 has none")
+
+sys.meta_path.insert(0, _TestOnly())
+"""
+
+
+def run_script(tmp_path, *args, crash_first=False):
+    """Runs gpu.sh with ``args``; ``crash_first``: the first python3 dies of SIGSEGV."""
+    bin_dir, site, out = tmp_path / "bin", tmp_path / "site", tmp_path / "out"
+    for folder in (bin_dir, site, out):
+        folder.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    marker = tmp_path / "crashed"
+    crash = f"[ -e {marker} ] || {{ touch {marker}; kill -SEGV $$; }}\n" if crash_first else ""
+    python3 = bin_dir / "python3"
+    python3.write_text(f'#!/bin/sh\n{crash}exec "{sys.executable}" "$@"\n')
+    python3.chmod(0o755)
+    env = dict(os.environ, OUT=str(out), PYTHONPATH=f"{ROOT}{os.pathsep}{site}")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    done = subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    return done, out
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    done, out = run_script(tmp_path_factory.mktemp("gpu"), "--dry-run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((out / "speed_gpu.json").read_text()), out
+
+
+def test_dry_run_records_the_device_versions_and_command(dry_run):
+    payload, out = dry_run
+    assert payload["complete"] and payload["dry_run"] and payload["attempts"] == 1
+    for field in ("device", "platform", "backend", "jax", "jaxlib", "python", "bppsa"):
+        assert payload[field], field
+    assert payload["command"].startswith("python3 -m benchmarks.speed ")
+    assert "--dry-run" in payload["argv"] and payload["methods"] == METHODS
+    assert "exit 0" in (out / "speed_gpu.log").read_text()
+
+
+def test_the_real_run_measures_the_papers_grids_then_larger_hidden_sizes(dry_run):
+    payload, out = dry_run
+    real = speed.parse_args([a for a in payload["argv"] if a != "--dry-run"])
+    assert real.require_backend == "gpu" and real.out == out / "speed_gpu.json"
+    assert (real.cells, real.hidden, real.methods) == (["rnn", "gru"], 20, METHODS)
+    assert (real.lengths, real.t_batch) == ([10, 30, 100, 300, 1000, 3000, 10000, 30000], 16)
+    assert (real.batches, real.b_length) == ([2**k for k in range(9)], 1000)
+    assert (real.hiddens, real.h_batches, real.h_length) == ([64, 256, 1024], [1, 16, 256], 1000)
+    assert "rnn" in real.h_cells and real.repeats >= 3
+    configs = speed.plan(real)
+    sweeps = [c.sweep for c in configs]
+    assert sweeps == sorted(sweeps, key=speed.SWEEPS.index)  # the H = 20 grids first
+    assert configs[-1].key == ("rnn", 1000, 256, 1024)  # the most expensive last
+
+
+def test_dry_run_has_a_row_for_every_cell_method_and_sweep(dry_run):
+    payload, _ = dry_run
+    argv = payload["argv"]
+    configs = speed.plan(speed.parse_args(argv))
+    real = speed.plan(speed.parse_args([a for a in argv if a != "--dry-run"]))
+    assert {(c.sweep, c.cell) for c in configs} == {(c.sweep, c.cell) for c in real}
+    keys = set(speed.empty_row(configs[0], METHODS))
+    for sweep in speed.SWEEPS:
+        rows = payload[sweep]
+        expected = [c.key for c in configs if c.sweep == sweep]
+        assert [(r["cell"], r["length"], r["batch"], r["hidden"]) for r in rows] == expected
+        for row in rows:
+            assert set(row) == keys and row["status"] == "ok" and row["forward_ms"] > 0
+            assert list(row["methods"]) == METHODS
+            for method in row["methods"].values():
+                assert method["status"] == "ok" and method["total_ms"] > 0, method
+                assert method["runs"] and (method["peak_bytes"] or 0) >= 0
+
+
+def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
+    done, out = run_script(tmp_path)
+    assert done.returncode != 0
+    assert "needs JAX's 'gpu' backend" in done.stdout + done.stderr
+    assert not (out / "speed_gpu.json").exists()
+
+
+def test_a_benchmark_that_crashed_is_restarted_with_resume(tmp_path):
+    grids = ["--lengths", "3", "--batches", "--hiddens", "--cells", "rnn"]
+    done, out = run_script(tmp_path, "--dry-run", *grids, crash_first=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    payload = json.loads((out / "speed_gpu.json").read_text())
+    assert payload["complete"] and payload["attempts"] == 1 and "--resume" in payload["argv"]
+    assert [r["length"] for r in payload["t_sweep"]] == [3, 5]
+    assert "restarting with --resume" in (out / "speed_gpu.log").read_text()
+
+
+def test_a_method_over_the_memory_limit_is_skipped_and_the_row_goes_on():
+    config = speed.Config("h_sweep", "rnn", 5, 2, 3)
+    methods = {"blelloch": speed.parse_method("blelloch"), "auto": speed.parse_method("auto")}
+    row = speed.measure(config, methods, 1, memory_limit=1)
+    assert row["status"] == "ok" and row["bp_total_ms"] > 0
+    for method in row["methods"].values():
+        assert method["status"] == "skipped" and method["total_ms"] is None
+        assert method["error"].startswith("MemoryLimitError: ")
+
+
+def test_other_failures_are_recorded_in_their_method_or_row():
+    config = speed.Config("t_sweep", "rnn", 5, 2, 2)
+    methods = {"blelloch": speed.parse_method("blelloch"), "broken": "no-such-method"}
+    row = speed.measure(config, methods, 1)
+    assert row["status"] == "ok" and row["methods"]["blelloch"]["status"] == "ok"
+    assert row["methods"]["broken"]["status"] == "error"
+    assert row["methods"]["broken"]["error"].startswith("ValueError: ")
+    broken_row = speed.measure(speed.Config("t_sweep", "lstm", 5, 2, 2), methods, 1)
+    assert broken_row["status"] == "error" and broken_row["error"].startswith("KeyError: ")
+
+
+def test_names_that_run_the_same_method_share_one_compilation():
+    config = speed.Config("t_sweep", "gru", 5, 2, 2)
+    blelloch = speed.parse_method("blelloch")
+    row = speed.measure(config, {"first": blelloch, "second": blelloch}, 1)
+    first, second = row["methods"]["first"], row["methods"]["second"]
+    assert first["status"] == second["status"] == "ok"
+    assert first["runs"] == second["runs"] == "Blelloch()"
+    assert first["peak_bytes"] == second["peak_bytes"]
