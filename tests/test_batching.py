@@ -66,5 +66,5 @@ def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
         )
         expected = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))(params, xs)
         assert_trees_close(actual, expected, jnp.float32)
-    on_cpu = jax.default_backend() == "cpu"
-    assert bppsa.Auto().choose(30, hidden, batch=large, element=element).uses_jacobians != on_cpu
+    if jax.default_backend() == "cpu":  # the CPU rule: the large batch runs plain BP
+        assert not bppsa.Auto().choose(30, hidden, batch=large, element=element).uses_jacobians

@@ -65,3 +65,31 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
     assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
     assert Auto().parallel(1000, 20, "cpu", batch=256, element=80).uses_jacobians
+
+
+PAPER_T = [100, 300, 1000, 3000, 10_000, 30_000]
+PAPER_B = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize("element", [20, 80], ids=["rnn", "gru"])
+def test_auto_on_accelerators_goes_parallel_for_the_papers_cells(element):
+    """The cost model's rule, without a GPU: the paper's H = 20 grids run a parallel scan."""
+    for length in PAPER_T:
+        assert Auto().choose(length, 20, "gpu", batch=16, element=element) in (
+            Blelloch(),
+            Chunked(),
+        ), length
+    for batch in PAPER_B:
+        assert Auto().choose(1000, 20, "gpu", batch=batch, element=element).uses_jacobians, batch
+
+
+def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
+    assert Auto().choose(1000, 1024, "gpu", batch=256) == Sequential()
+    times = Auto().predictions(1000, 1024, "gpu", batch=256)
+    assert set(times) == {Sequential(), Blelloch(), Chunked()}
+    assert min(times, key=times.get) == Sequential()
+    assert times[Blelloch()] > 10 * times[Sequential()]  # ~H times the arithmetic
+    small = Auto().predictions(10_000, 20, "gpu", batch=16, element=20)
+    assert min(small, key=small.get) == Auto().choose(10_000, 20, "gpu", batch=16, element=20)
+    # the backward-time choice never is BP
+    assert Auto().parallel(1000, 1024, "gpu", batch=256).uses_jacobians

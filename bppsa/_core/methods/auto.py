@@ -7,10 +7,12 @@ from typing import ClassVar
 
 import jax
 
-from bppsa._core import memory
+from bppsa._core import cost, memory
+from bppsa._core.memory import Footprint
 from bppsa._core.methods.base import Method, lower_memory, memory_error
 from bppsa._core.methods.blelloch import Blelloch
 from bppsa._core.methods.blocked import Blocked
+from bppsa._core.methods.chunked import Chunked
 from bppsa._core.methods.sequential import Sequential
 
 # Auto() on CPUs, in Jacobian floats per step summed over the vmapped batch ("work"). Blocks of
@@ -28,8 +30,12 @@ CPU_PARALLEL_WORK = 1024
 class Auto(Method):
     """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
 
-    :meth:`choose` says what it picks. On accelerators it is ``Blelloch()`` (``Theta(log T)``
-    levels). On CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
+    :meth:`choose` says what it picks. On accelerators it is the method the cost model of
+    :mod:`bppsa._core.cost` predicts fastest among back-propagation, ``Blelloch()``
+    (``Theta(log T)`` levels) and ``Chunked()`` (:meth:`predictions` gives the predicted times:
+    the parallel scans for the paper's small cells, back-propagation where their ~``n``-fold
+    extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``). On
+    CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
     does not pay for itself (measured with ``benchmarks/speed.py``); there it is
     ``Blocked(Sequential(jacobians=True), K)``: a sequential scan over the transposed Jacobians,
     whose steps are single matrix-vector products, while the Jacobians and parameter gradients
@@ -69,7 +75,9 @@ class Auto(Method):
         Returns:
             A concrete method; ``Sequential()`` means plain back-propagation.
         """
-        if _on_cpu(backend) and batch * _element(size, element) > CPU_PARALLEL_WORK:
+        if not _on_cpu(backend):
+            return _fastest(ACCELERATOR_CHOICES, length, size, backend, batch, element)
+        if batch * _element(size, element) > CPU_PARALLEL_WORK:
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -84,11 +92,32 @@ class Auto(Method):
     ) -> Method:
         """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
         if not _on_cpu(backend):
-            return Blelloch()
+            return _fastest(ACCELERATOR_CHOICES[1:], length, size, backend, batch, element)
         work = max(batch * _element(size, element), 1)
         low, high = CPU_BLOCK_STEPS
         block = min(max(1 << (max(CPU_BLOCK_WORK // work, 1).bit_length() - 1), low), high)
         return Blocked(Sequential(jacobians=True), block)
+
+    def predictions(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+    ) -> dict[Method, float]:
+        """Predicted seconds of the backward of each accelerator candidate (why
+        :meth:`choose` picks what it picks there), from :mod:`bppsa._core.cost`.
+
+        Example:
+            >>> times = bppsa.Auto().predictions(1000, 1024, "gpu", batch=256)
+            >>> min(times, key=times.get)
+            Sequential(jacobians=False)
+        """
+        fp = _footprint(length, size, batch, element)
+        profile = cost.PROFILES.get(backend or "gpu", cost.H200)
+        return {m: m.cost(fp).seconds(profile) for m in ACCELERATOR_CHOICES}
 
     def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
         """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
@@ -121,6 +150,20 @@ class Auto(Method):
 
     def differentiable(self, problem, forward, **options):
         return self.concrete(problem).differentiable(problem, forward, **options)
+
+
+ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
+
+
+def _footprint(length, size, batch, element) -> Footprint:
+    dense = size * size
+    return Footprint(length, size, _element(size, element), dense, 4, batch, size)
+
+
+def _fastest(candidates, length, size, backend, batch, element) -> Method:
+    fp = _footprint(length, size, batch, element)
+    profile = cost.PROFILES.get(backend or jax.default_backend(), cost.H200)
+    return min(candidates, key=lambda m: m.cost(fp).seconds(profile))
 
 
 def _on_cpu(backend: str | None) -> bool:

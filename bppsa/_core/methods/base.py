@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from jax import Array
 
 from bppsa._core import arguments, backward, memory, vjp
+from bppsa._core.cost import Cost
 from bppsa._core.memory import Footprint, MemoryLimitError, limit_message
 from bppsa.scan._elements import MapStack
 
@@ -41,6 +42,11 @@ class Method(abc.ABC):
     @abc.abstractmethod
     def memory(self, fp: Footprint) -> int:
         """Estimated peak bytes of a scan's forward and backward with this method."""
+
+    def cost(self, fp: Footprint) -> Cost | None:
+        """Predicted steps, arithmetic and bytes of the backward (:mod:`bppsa._core.cost`);
+        ``None`` where the model does not cover the method."""
+        return None
 
     def fit(self, fp: Footprint, limit: float | None) -> Method:
         """The method that runs the backward of a scan of footprint ``fp`` within ``limit``

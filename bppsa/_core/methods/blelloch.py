@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from bppsa._core import cost
 from bppsa._core.memory import BLELLOCH_DENSE
 from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan import _algorithms
@@ -21,3 +22,6 @@ class Blelloch(JacobianMethod):
 
     def span_floats(self, fp, steps):
         return fp.span_floats(steps) + BLELLOCH_DENSE * steps * fp.dense
+
+    def cost(self, fp):
+        return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))

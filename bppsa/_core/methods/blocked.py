@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import ClassVar
 
 from bppsa._core import backward
@@ -48,6 +49,11 @@ class Blocked(JacobianMethod):
 
     def span_floats(self, fp, steps):
         return self.method.span_floats(fp, min(self.block, steps))
+
+    def cost(self, fp):
+        steps = min(self.block, fp.length)
+        inner = self.method.cost(dataclasses.replace(fp, length=steps))
+        return None if inner is None else inner.times(math.ceil(fp.length / max(steps, 1)))
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         def span(carries, xs, g_end, ct_ys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from bppsa._core import cost
 from bppsa._core.memory import CHUNK_DENSE
 from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan._chunked import chunked, default_chunks
@@ -40,3 +41,8 @@ class Chunked(JacobianMethod):
         if chunks > 1:  # a reordered copy of the span's Jacobians, and the chunk aggregates
             floats += steps * fp.element + CHUNK_DENSE * chunks * fp.dense
         return floats
+
+    def cost(self, fp):
+        chunks = min(self.chunks or default_chunks(fp.length), max(fp.length, 1))
+        scan = cost.chunked_scan(fp, fp.length, chunks)
+        return cost.plus(cost.jacobians(fp, fp.length), scan)

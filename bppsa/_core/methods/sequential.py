@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from bppsa._core import cost
 from bppsa._core.memory import BP_STATES
 from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan import _algorithms
@@ -42,6 +43,11 @@ class Sequential(JacobianMethod):
             return super().memory(fp)
         # Plain back-propagation: lax.scan's residuals, about a Jacobian's worth per step.
         return fp.bytes(fp.length * (BP_STATES * fp.state + min(fp.element, 2 * fp.state)))
+
+    def cost(self, fp):
+        if not self.jacobians:
+            return cost.back_propagation(fp)
+        return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
 
     def for_complex_carry(self, leaves):
         return self if not self.jacobians else super().for_complex_carry(leaves)

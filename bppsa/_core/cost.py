@@ -1,0 +1,132 @@
+"""A cost model of a scan's backward pass on a device: dependent steps, arithmetic, bytes.
+
+Each backward method predicts, for a scan's :class:`~bppsa._core.memory.Footprint`, the number
+of dependent steps on its critical path (each one at least a kernel launch), the floating-point
+operations and the bytes it moves; on a :class:`Profile` the time is
+
+    steps x step latency + max(flops / rate, bytes / bandwidth)
+
+This is the rule by which ``Auto()`` chooses on accelerators (see
+:meth:`bppsa.Auto.predictions`). The counts are analytic, per method (``n`` the state size,
+``B`` the vmapped batch, ``T`` the steps; ``dense`` = ``n^2`` floats per example):
+
+* back-propagation (``lax.scan``): ``T`` steps of a ``(B, n) x (n, n)`` product;
+* ``Blelloch()``: ``2 ceil(log2(T + 1))`` levels of a few kernels each, about ``T`` dense
+  ``n x n`` products (``2 T B n^3`` flops) plus ``O(T B n^2)`` matrix-vector work;
+* ``Chunked(C)``: ``2 ceil(T / C) + 2 ceil(log2 C)`` steps, ``2 (T - T/C) B n^2 (n + 1)``
+  flops;
+* ``Sequential(jacobians=True)``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
+* ``Blocked(m, K)``: ``ceil(T / K)`` times ``m`` on ``K`` steps.
+
+The accelerator profile is an ASSUMPTION until a device has run ``benchmarks/gpu.sh``: an
+H200 at about 67 TFLOP/s in float32 without tensor cores, 4.8 TB/s, and 5 µs per dependent
+kernel (launch and synchronization at these small sizes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from bppsa._core.memory import Footprint
+
+KERNELS_PER_LEVEL = 3  # a Blelloch level: the products, the offsets, the interleave
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A device, as the cost model sees it.
+
+    Attributes:
+        name: what it is (and whether its numbers are measured or assumed).
+        flops: float32 operations per second.
+        bandwidth: bytes per second of device memory.
+        step_latency: seconds per dependent step (kernel launch and synchronization).
+    """
+
+    name: str
+    flops: float
+    bandwidth: float
+    step_latency: float
+
+
+H200 = Profile("NVIDIA H200 (assumed: 67 TFLOP/s, 4.8 TB/s, 5 us per step)", 67e12, 4.8e12, 5e-6)
+PROFILES = {"gpu": H200, "cuda": H200, "rocm": H200, "tpu": H200}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cost:
+    """Predicted work of one backward pass.
+
+    Attributes:
+        steps: dependent steps on the critical path.
+        flops: floating-point operations.
+        bytes: bytes read and written in device memory.
+    """
+
+    steps: float
+    flops: float
+    bytes: float
+
+    def seconds(self, profile: Profile) -> float:
+        """The predicted time on ``profile``."""
+        throughput = max(self.flops / profile.flops, self.bytes / profile.bandwidth)
+        return self.steps * profile.step_latency + throughput
+
+    def times(self, blocks: float) -> Cost:
+        return Cost(self.steps * blocks, self.flops * blocks, self.bytes * blocks)
+
+
+def back_propagation(fp: Footprint) -> Cost:
+    """``lax.scan``'s backward: ``T`` steps of a ``(B, n) x (n, n)`` product."""
+    per_step = fp.batch * fp.dense
+    return Cost(
+        steps=fp.length,
+        flops=2 * fp.length * per_step,
+        bytes=fp.itemsize * fp.length * (4 * fp.batch * fp.state + fp.batch * fp.element),
+    )
+
+
+def jacobians(fp: Footprint, steps: int) -> Cost:
+    """Building and storing the Jacobians and the VJP of ``steps`` steps at once."""
+    floats = steps * fp.batch * (fp.element + 4 * fp.state)
+    return Cost(steps=2, flops=4 * steps * fp.batch * fp.dense, bytes=3 * fp.itemsize * floats)
+
+
+def sequential_scan(fp: Footprint, steps: int) -> Cost:
+    """``steps`` matrix-vector steps over stored Jacobians."""
+    return Cost(
+        steps=steps,
+        flops=2 * steps * fp.batch * fp.dense,
+        bytes=fp.itemsize * steps * fp.batch * (fp.element + 2 * fp.state),
+    )
+
+
+def blelloch_scan(fp: Footprint, steps: int) -> Cost:
+    """BPPSA's modified Blelloch scan of ``steps`` elements."""
+    levels = 2 * math.ceil(math.log2(steps + 1)) if steps else 0
+    products = steps * fp.batch * fp.dense
+    return Cost(
+        steps=KERNELS_PER_LEVEL * levels,
+        flops=2 * products * fp.size + 4 * products,
+        bytes=3 * fp.itemsize * products,
+    )
+
+
+def chunked_scan(fp: Footprint, steps: int, chunks: int) -> Cost:
+    """The chunked scan of ``steps`` elements in ``chunks`` chunks."""
+    if chunks <= 1:
+        return sequential_scan(fp, steps)
+    per_chunk = math.ceil(steps / chunks)
+    composed = (steps - per_chunk) * fp.batch * fp.dense
+    tree = blelloch_scan(dataclasses.replace(fp, length=chunks), chunks)
+    return Cost(
+        steps=2 * per_chunk + tree.steps,
+        flops=2 * composed * (fp.size + 1) + 2 * steps * fp.batch * fp.dense + tree.flops,
+        bytes=fp.itemsize * 3 * (steps * fp.batch * fp.element + chunks * fp.batch * fp.dense)
+        + tree.bytes,
+    )
+
+
+def plus(*costs: Cost) -> Cost:
+    return Cost(*(sum(getattr(c, f) for c in costs) for f in ("steps", "flops", "bytes")))

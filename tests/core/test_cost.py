@@ -1,0 +1,55 @@
+"""The cost model of the backward methods (bppsa._core.cost): counts that follow the
+algorithms, and a time that adds latency-bound steps to throughput-bound work."""
+
+import math
+
+import pytest
+
+import bppsa
+from bppsa._core import cost
+from bppsa._core.memory import Footprint
+
+
+def footprint(length, size=20, batch=16):
+    return Footprint(length, size, size, size * size, 4, batch, size)
+
+
+def test_dependent_steps_follow_the_algorithms():
+    fp = footprint(10_000)
+    assert bppsa.Sequential().cost(fp).steps == 10_000
+    assert bppsa.Blelloch().cost(fp).steps == 2 + cost.KERNELS_PER_LEVEL * 2 * 14  # log2(10001)
+    chunked = bppsa.Chunked(100).cost(fp)
+    assert chunked.steps == 2 + 2 * 100 + cost.KERNELS_PER_LEVEL * 2 * 7
+    assert bppsa.Chunked(1).cost(fp).steps == bppsa.Sequential(jacobians=True).cost(fp).steps
+
+
+def test_blelloch_does_about_n_times_the_arithmetic_of_back_propagation():
+    fp = footprint(10_000, size=64)
+    ratio = bppsa.Blelloch().cost(fp).flops / bppsa.Sequential().cost(fp).flops
+    assert 64 <= ratio <= 2 * 64
+
+
+@pytest.mark.parametrize("block", [1, 7, 100, 10_000, 20_000])
+def test_blocks_repeat_the_inner_method(block):
+    fp = footprint(10_000)
+    inner = bppsa.Blelloch().cost(footprint(min(block, 10_000)))
+    blocked = bppsa.Blocked(bppsa.Blelloch(), block).cost(fp)
+    blocks = math.ceil(10_000 / min(block, 10_000))
+    assert blocked.steps == inner.steps * blocks and blocked.flops == inner.flops * blocks
+
+
+def test_time_is_latency_plus_the_larger_of_arithmetic_and_bytes():
+    profile = cost.Profile("test", flops=1e12, bandwidth=1e11, step_latency=1e-5)
+    c = cost.Cost(steps=100, flops=2e12, bytes=1e11)
+    assert c.seconds(profile) == pytest.approx(100 * 1e-5 + 2.0)
+    c = cost.Cost(steps=100, flops=1e9, bytes=1e12)
+    assert c.seconds(profile) == pytest.approx(100 * 1e-5 + 10.0)
+
+
+def test_methods_the_model_does_not_cover_say_so():
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("t",))
+    assert bppsa.Sharded(mesh, "t").cost(footprint(100)) is None
