@@ -1,9 +1,9 @@
 """The backward methods an experiment can be asked for by name on its command line.
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
-differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: the
-modified Blelloch scan on accelerators, a Jacobian-based sequential scan on CPUs, or there plain
-back-propagation for large batches); the other
+differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: on
+accelerators the fastest of BP, Blelloch and Chunked by its cost model, on CPUs a time-blocked
+Jacobian-based sequential scan, or there plain back-propagation for large batches); the other
 names pick a method explicitly. Names are resolved here only.
 """
 
