@@ -37,6 +37,30 @@ def steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
     return vjp((jax.tree.map(zero_cotangent, carries_after), ct_ys))
 
 
+def linearize_steps(all_steps: Callable, layout: Layout, consts, carries_before, xs, ct_ys):
+    """One evaluation of all the steps of a span: their transposed Jacobians, the offsets that
+    the outputs' cotangents ``ct_ys`` send to the carries, and the VJP w.r.t. consts and xs.
+
+    Returns:
+        ``(jac_t, offsets, vjp, ct_ys)``: ``offsets`` is ``None`` without ``ct_ys`` (then no VJP
+        w.r.t. the carries is needed); ``vjp((carry_cotangents, ct_ys)) -> (ct_consts, ct_xs)``;
+        ``ct_ys`` with zeros filled in.
+    """
+    if ct_ys is None:
+        (carries_after, ys), vjp, jac_t = vjp_without_carries(all_steps, consts, carries_before, xs)
+        return jac_t, None, vjp, jax.tree.map(zero_cotangent, ys)
+    (carries_after, _), vjp_all, jac_t = jax.vjp(
+        all_steps, consts, carries_before, xs, has_aux=True
+    )
+    _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
+
+    def vjp(cts):
+        ct_consts, _, ct_xs = vjp_all(cts)
+        return ct_consts, ct_xs
+
+    return jac_t, layout.pack(from_ys, stacked=True), vjp, ct_ys
+
+
 def span_backward(
     scan: LinearScan,
     all_steps: Callable,
@@ -51,28 +75,16 @@ def span_backward(
     """Back-propagates ``g_end`` through a span of steps.
 
     One evaluation of all the span's steps at once (parallel in t) gives their VJP and their
-    transposed Jacobians; ``scan`` turns the Jacobians into carry cotangents; the VJP then gives
-    the cotangents of consts (summed over the steps) and xs.
+    transposed Jacobians (:func:`linearize_steps`); ``scan`` turns the Jacobians into carry
+    cotangents; the VJP then gives the cotangents of consts (summed over the steps) and xs.
 
     Returns:
         ``(g_start, ct_consts, ct_xs, flags)``, with ``flags`` the steps' finiteness flags
         (:mod:`bppsa._core.debug`) if ``check``, else ``None``.
     """
-    if ct_ys is None:  # no VJP w.r.t. the carries is needed
-        (carries_after, ys), vjp, jac_t = vjp_without_carries(all_steps, consts, carries_before, xs)
-        ct_ys = jax.tree.map(zero_cotangent, ys)
-        offsets = None
-    else:
-        (carries_after, _), vjp_all, jac_t = jax.vjp(
-            all_steps, consts, carries_before, xs, has_aux=True
-        )
-        _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
-        offsets = layout.pack(from_ys, stacked=True)
-
-        def vjp(cts):
-            ct_consts, _, ct_xs = vjp_all(cts)
-            return ct_consts, ct_xs
-
+    jac_t, offsets, vjp, ct_ys = linearize_steps(
+        all_steps, layout, consts, carries_before, xs, ct_ys
+    )
     g = scan(g_end, jac_t, offsets)  # [g_start, ..., g_end]
     ct_consts, ct_xs = vjp((layout.unpack(g[1:], carries_before, stacked=True), ct_ys))
     flags = debug.step_flags(jac_t, g, offsets) if check else None

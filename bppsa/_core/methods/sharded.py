@@ -38,7 +38,6 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from bppsa._core import backward, debug
-from bppsa._core.carry import zero_cotangent
 from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan._algorithms import aggregate
@@ -149,32 +148,16 @@ class Sharded(JacobianMethod):
         all_steps, layout = problem.all_steps(), problem.layout
         axis = self.axis_name
 
-        def front_pad(a):  # edge values keep the padded steps finite; they get no cotangent
-            return jnp.concatenate([jnp.repeat(a[:1], pad, axis=0), a]) if pad else a
-
-        carries_p, xs_p = jax.tree.map(front_pad, (carries_before, xs))
+        # Edge values keep the padded steps finite; they get no cotangent.
+        carries_p, xs_p = jax.tree.map(_front_edge(pad), (carries_before, xs))
         ct_ys_p = None if ct_ys is None else jax.tree.map(_front_zeros(pad), ct_ys)
         valid = jnp.arange(devices * per_device) >= pad
         first_device, first_index = divmod(pad, per_device)
 
         def on_device(consts, carries, xs, ct_ys, valid, g_last):
-            if ct_ys is None:
-                (carries_after, ys), vjp, jac_t = backward.vjp_without_carries(
-                    all_steps, consts, carries, xs
-                )
-                ct_ys = jax.tree.map(zero_cotangent, ys)
-                offsets = None
-            else:
-                (carries_after, _), vjp_all, jac_t = jax.vjp(
-                    all_steps, consts, carries, xs, has_aux=True
-                )
-                _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
-                offsets = layout.pack(from_ys, stacked=True)
-
-                def vjp(cts):
-                    ct_consts, _, ct_xs = vjp_all(cts)
-                    return ct_consts, ct_xs
-
+            jac_t, offsets, vjp, ct_ys = backward.linearize_steps(
+                all_steps, layout, consts, carries, xs, ct_ys
+            )
             if devices == 1:  # nothing to exchange
                 g_end = g_last
             else:
