@@ -99,12 +99,10 @@ def scan(
         (3, 3)
     """
     options = Options.make(method, memory_limit, check_finite).over(current())
-    requested = options.method or Auto()
-    problem, init = prepare(f, init, xs, length, reverse=reverse, batch=_check_batch(batch))
-    complex_leaves = arguments.complex_leaves(init)
-    if complex_leaves:
-        requested = requested.for_complex_carry(complex_leaves)
-    concrete = requested.concrete(problem)
+    batch = _check_batch(batch)
+    problem, init, requested, concrete = _prepare(
+        options.method or Auto(), f, init, xs, length, reverse, batch
+    )
     plan = plans.record(
         requested=requested,
         method=concrete,
@@ -163,11 +161,19 @@ def estimate_memory(
     requested = resolve(method)
     if _check_batch(batch) is None:
         raise ValueError("batch must be a positive int, got None.")
-    problem, init = prepare(f, init, xs, length, reverse=False, batch=batch)
+    problem, _, _, concrete = _prepare(requested, f, init, xs, length, False, batch)
+    return concrete.memory(problem.footprint)
+
+
+def _prepare(requested: Method, f, init, xs, length, reverse: bool, batch: int | None):
+    """What :func:`scan` and :func:`estimate_memory` share: the prepared scan, its promoted
+    initial carry, the requested method (``Auto()`` turns into plain BP for a complex carry)
+    and the concrete method it runs."""
+    problem, init = prepare(f, init, xs, length, reverse=reverse, batch=batch)
     complex_leaves = arguments.complex_leaves(init)
     if complex_leaves:
         requested = requested.for_complex_carry(complex_leaves)
-    return requested.concrete(problem).memory(problem.footprint)
+    return problem, init, requested, requested.concrete(problem)
 
 
 def _check_batch(batch) -> int | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -79,7 +78,7 @@ def check_limit(limit: Any, argname: str = "memory_limit") -> float | None:
         )
     if not limit > 0:  # also rejects NaN
         raise ValueError(f"{argname} must be positive (math.inf turns the check off), got {limit}.")
-    return float(limit) if math.isfinite(limit) else math.inf
+    return float(limit)
 
 
 def check_bool(check_finite: Any) -> bool:

@@ -44,7 +44,7 @@ class Problem:
     reverse: bool
     batch: int
 
-    @property
+    @functools.cached_property
     def layout(self) -> Layout:
         """How the carry packs into the vector the backward scan propagates."""
         return Layout.of(self.init, concat_last=self.body.analytic)

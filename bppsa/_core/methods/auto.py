@@ -115,9 +115,7 @@ class Auto(Method):
             >>> min(times, key=times.get)
             Sequential(jacobians=False)
         """
-        fp = _footprint(length, size, batch, element)
-        profile = cost.PROFILES.get(backend or "gpu", cost.H200)
-        return {m: m.cost(fp).seconds(profile) for m in ACCELERATOR_CHOICES}
+        return _predicted(ACCELERATOR_CHOICES, length, size, backend, batch, element)
 
     def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
         """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
@@ -160,10 +158,17 @@ def _footprint(length, size, batch, element) -> Footprint:
     return Footprint(length, size, _element(size, element), dense, 4, batch, size)
 
 
-def _fastest(candidates, length, size, backend, batch, element) -> Method:
+def _predicted(candidates, length, size, backend, batch, element) -> dict[Method, float]:
+    """Predicted seconds of each candidate on ``backend``'s profile (an H200 where none is
+    known)."""
     fp = _footprint(length, size, batch, element)
     profile = cost.PROFILES.get(backend or jax.default_backend(), cost.H200)
-    return min(candidates, key=lambda m: m.cost(fp).seconds(profile))
+    return {m: m.cost(fp).seconds(profile) for m in candidates}
+
+
+def _fastest(candidates, length, size, backend, batch, element) -> Method:
+    times = _predicted(candidates, length, size, backend, batch, element)
+    return min(times, key=times.get)
 
 
 def _on_cpu(backend: str | None) -> bool:

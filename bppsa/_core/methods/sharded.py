@@ -39,7 +39,9 @@ from jax.sharding import PartitionSpec as P
 
 from bppsa._core import backward, debug
 from bppsa._core.forward import Forward, SequentialForward
+from bppsa._core.methods.auto import Auto
 from bppsa._core.methods.base import JacobianMethod
+from bppsa._core.methods.sequential import Sequential
 from bppsa.scan._algorithms import aggregate
 
 EXCHANGES = ("all_gather", "ppermute")
@@ -114,8 +116,6 @@ class Sharded(JacobianMethod):
         """The method each device runs on its slice of a scan of footprint ``fp``."""
         if self.local is not None:
             return self.local
-        from bppsa._core.methods.auto import Auto
-
         platform = self.mesh.devices.flat[0].platform
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
         return Auto().for_footprint(slice_fp, platform, parallel=True)
@@ -127,7 +127,7 @@ class Sharded(JacobianMethod):
 
     def scan(self, g_last, maps, offsets):
         # A stack already on one device: the local method's scan.
-        return (self.local or _default_scan()).scan(g_last, maps, offsets)
+        return (self.local or Sequential(jacobians=True)).scan(g_last, maps, offsets)
 
     def span_floats(self, fp, steps):
         """Per device: its slice's backward and the ``P`` gathered aggregates."""
@@ -138,12 +138,11 @@ class Sharded(JacobianMethod):
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         num_steps = jax.tree.leaves(carries_before)[0].shape[0]
         if num_steps == 0:
-            return _default_scan().backward(
+            return Sequential(jacobians=True).backward(
                 problem, consts, carries_before, xs, g_last, ct_ys, check=check
             )
         devices = self.devices
-        per_device = -(-num_steps // devices)
-        pad = devices * per_device - num_steps
+        per_device, pad, valid = _slices(num_steps, devices)
         local = self.local_method(problem.footprint)
         all_steps, layout = problem.all_steps(), problem.layout
         axis = self.axis_name
@@ -151,7 +150,6 @@ class Sharded(JacobianMethod):
         # Edge values keep the padded steps finite; they get no cotangent.
         carries_p, xs_p = jax.tree.map(_front_edge(pad), (carries_before, xs))
         ct_ys_p = None if ct_ys is None else jax.tree.map(_front_zeros(pad), ct_ys)
-        valid = jnp.arange(devices * per_device) >= pad
         first_device, first_index = divmod(pad, per_device)
 
         def on_device(consts, carries, xs, ct_ys, valid, g_last):
@@ -197,7 +195,7 @@ class Sharded(JacobianMethod):
             offsets = lax.all_gather(offset, axis)
 
             def fold(g, q):  # from the last device back: g entering device q - 1
-                g_before = jnp.einsum("...ij,...j->...i", matrices[q], g) + offsets[q]
+                g_before = _matvec(matrices[q], g) + offsets[q]
                 return g_before, g
 
             _, g_ends = lax.scan(fold, g_last, jnp.arange(devices), reverse=True)
@@ -212,11 +210,11 @@ class Sharded(JacobianMethod):
             has_in = me + shift < devices
             # this map (earlier) after the received one (later): M = M_me @ M_in
             new_matrix = matrix @ m_in
-            new_offset = jnp.einsum("...ij,...j->...i", matrix, o_in) + offset
+            new_offset = _matvec(matrix, o_in) + offset
             matrix = jnp.where(has_in, new_matrix, matrix)
             offset = jnp.where(has_in, new_offset, offset)
             shift *= 2
-        g_start = jnp.einsum("...ij,...j->...i", matrix, g_last) + offset  # entering this slice
+        g_start = _matvec(matrix, g_last) + offset  # entering this slice
         g_end = lax.ppermute(g_start, axis, [(src, src - 1) for src in range(1, devices)])
         return jnp.where(me == devices - 1, g_last, g_end)
 
@@ -238,10 +236,8 @@ class PipelinedForward(Forward):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
         if length == 0:
             return SequentialForward()(step, consts, init, xs, length=length, keep=keep)
-        per_device = -(-length // devices)
-        pad = devices * per_device - length
+        per_device, pad, valid = _slices(length, devices)
         xs_p = jax.tree.map(_front_edge(pad), xs)
-        valid = jnp.arange(devices * per_device) >= pad
 
         def run_slice(consts, carry, xs, valid):
             def body(c, inputs):
@@ -283,6 +279,18 @@ class PipelinedForward(Forward):
         return final, ((ys, before) if keep else ys)
 
 
+def _slices(length: int, devices: int):
+    """``(L, pad, valid)``: ``L = ceil(T / P)`` steps per device, the ``pad`` steps added at the
+    start of the earliest slice, and ``valid: (P L,)``, False on them."""
+    per_device = -(-length // devices)
+    pad = devices * per_device - length
+    return per_device, pad, jnp.arange(devices * per_device) >= pad
+
+
+def _matvec(matrix, vector):
+    return jnp.einsum("...ij,...j->...i", matrix, vector)
+
+
 def _select(condition, on_true, on_false):
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), on_true, on_false)
 
@@ -299,9 +307,3 @@ def _front_zeros(pad):
         return jnp.concatenate([jnp.zeros((pad, *a.shape[1:]), a.dtype), a]) if pad else a
 
     return fn
-
-
-def _default_scan():
-    from bppsa._core.methods.sequential import Sequential
-
-    return Sequential(jacobians=True)
