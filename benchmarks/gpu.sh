@@ -6,8 +6,8 @@
 # expensive last. Methods: BP (always, the baseline), Auto(), Blelloch(), Chunked(); one that
 # does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
 # CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
-# Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end) and
-# speed_gpu.log into $OUT (the device tool's output folder), else results/.
+# Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end),
+# sharded_gpu.json (bppsa.Sharded on the device, if time is left) and speed_gpu.log into $OUT (the device tool's output folder), else results/.
 #
 #   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
 #   bash benchmarks/gpu.sh --dry-run  # the same grids with tiny sizes, anywhere, in seconds
@@ -59,6 +59,17 @@ for attempt in 1 2 3; do
     echo "gpu.sh: benchmarks.speed died (exit ${status}); restarting with --resume" | tee -a "$log"
     resume=(--resume)
 done
+# bppsa.Sharded on this machine's device(s) (one GPU: the local scan alone, P = 1), if time is
+# left and the speed benchmark did not refuse to run; its claims for several devices rest on
+# step counts (benchmarks/sharded.py), and this row checks that its path runs on a GPU.
+sharded_args=(--devices 1 --lengths 1000 10000 --repeats 3)
+[[ " $* " == *" --dry-run "* ]] && sharded_args=(--devices 1 --lengths 5 --repeats 1)
+left=$((deadline - SECONDS))
+if ((status == 0 || status == 124 || status == 137)) && ((left >= 45)); then
+    timeout --kill-after=10 "$left" python3 -m benchmarks.sharded "${sharded_args[@]}" \
+        --out "$out_dir/sharded_gpu.json" 2>&1 | tee -a "$log" ||
+        echo "gpu.sh: benchmarks.sharded exit $? (the speed results stand)" | tee -a "$log"
+fi
 if [[ ! -s "$json" ]]; then
     echo "gpu.sh: no results in ${json} (exit ${status})" | tee -a "$log"
     exit $((status == 0 ? 1 : status))

@@ -100,11 +100,19 @@ def test_dry_run_has_a_row_for_every_cell_method_and_sweep(dry_run):
                 assert method["runs"] and (method["peak_bytes"] or 0) >= 0
 
 
+def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
+    _, out = dry_run
+    sharded = json.loads((out / "sharded_gpu.json").read_text())
+    assert [(r["devices"], r["length"]) for r in sharded["rows"]] == [(1, 5)]
+    assert set(sharded["rows"][0]["methods"]) == {"bp", "all_gather", "ppermute", "pipelined"}
+
+
 def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
     done, out = run_script(tmp_path)
     assert done.returncode != 0
     assert "needs JAX's 'gpu' backend" in done.stdout + done.stderr
     assert not (out / "speed_gpu.json").exists()
+    assert not (out / "sharded_gpu.json").exists()
 
 
 def test_a_benchmark_that_crashed_is_restarted_with_resume(tmp_path):
