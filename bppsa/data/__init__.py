@@ -1,6 +1,9 @@
-"""Datasets of the paper's experiments: synthetic bitstreams and IRMAS (``bppsa.data.irmas``,
-which needs the ``irmas`` extra)."""
+"""Datasets of the paper's experiments: synthetic bitstreams, IRMAS (``bppsa.data.irmas``,
+which needs the ``irmas`` extra), CIFAR-10 (``bppsa.data.cifar10``, the python pickle batches
+read from disk) and scikit-learn's bundled 8x8 digits as 32x32 images (``bppsa.data.digits``,
+the ``digits`` extra)."""
 
+from bppsa.data.cifar10 import CifarError, ImageSet
 from bppsa.data.synthetic import Bitstreams
 
-__all__ = ["Bitstreams"]
+__all__ = ["Bitstreams", "CifarError", "ImageSet"]
