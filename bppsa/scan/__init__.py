@@ -5,9 +5,13 @@ its signature and docstring are those of :func:`bppsa._core.api.scan`). The subp
 what the scans are written against, which knows elements and an operator and nothing about
 recurrent cells:
 
-* elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`;
+* elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`, and
+  :class:`Sparse` (a static :class:`Pattern` with traced values; its products with
+  :func:`product_plan`'s report and :func:`compose`);
 * algorithms: :func:`combine` (the one operator), :func:`sequential`, :func:`blelloch`,
-  :func:`chunked`, :func:`aggregate` (a whole stack composed into one map);
+  :func:`chunked`, :func:`aggregate` (a whole stack composed into one map), and over chains
+  of maps that differ in shape (layers): :func:`chain_scan`, with :func:`chain_plan` and
+  :func:`chain_memory` (every product it forms, without running it);
 * the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
   :class:`Chunked`, :class:`Sequential`, :class:`Sharded`, :class:`Method`, and :func:`resolve`
   for names.
@@ -34,29 +38,40 @@ from bppsa._core.methods import (
     resolve,
 )
 from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
+from bppsa.scan._chain import ChainRow, chain_memory, chain_plan, chain_scan
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._elements import Dense, MapStack, Structured, concat
+from bppsa.scan._sparse import Pattern, ProductPlan, Sparse, compose, product_plan
 
 __all__ = [
     "METHODS",
     "Auto",
     "Blelloch",
     "Blocked",
+    "ChainRow",
     "Chunked",
     "Dense",
     "JacobianMethod",
     "MapStack",
     "Method",
+    "Pattern",
+    "ProductPlan",
     "Sequential",
     "Sharded",
+    "Sparse",
     "Structured",
     "aggregate",
     "apply",
     "blelloch",
+    "chain_memory",
+    "chain_plan",
+    "chain_scan",
     "chunked",
     "combine",
+    "compose",
     "concat",
     "default_chunks",
+    "product_plan",
     "resolve",
     "sequential",
 ]

@@ -28,8 +28,12 @@ def combine(later: Element, earlier: Element) -> Element:
     b_e)`` the one EARLIER in time. Both ``A`` are transposed Jacobians, applied on the left of
     the cotangent. The result maps ``g -> A_e (A_l g + b_l) + b_e``, i.e.
     ``(A_e @ A_l, A_e b_l + b_e)``. The operator is associative but not commutative.
+    Elements without offsets (``b = None`` in both, e.g. the maps of a chain of layers whose
+    loss is on the last one only) compose to ``(A_e @ A_l, None)``.
     """
     (a_later, b_later), (a_earlier, b_earlier) = later, earlier
+    if b_later is None and b_earlier is None:
+        return a_later.then(a_earlier), None
     return a_later.then(a_earlier), a_earlier.apply(b_later) + b_earlier
 
 

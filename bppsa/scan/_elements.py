@@ -99,10 +99,20 @@ class MapStack(abc.ABC):
         """The maps ``earlier[k] @ self[k]``: ``self`` (the LATER step's map, the one nearer the
         loss) is applied to the cotangent first, then ``earlier``.
 
-        The default forms dense matrices; element types whose products keep a structure (e.g.
-        sparse ones with a known pattern) override it.
+        The default asks ``earlier`` first (:meth:`after`, the reflected product: a sparse
+        earlier map multiplies a dense later one by gathers), else forms dense matrices;
+        element types whose products keep a structure override it.
         """
+        product = earlier.after(self)
+        if product is not NotImplemented:
+            return product
         return Dense(earlier.to_dense().a @ self.to_dense().a)
+
+    def after(self, later: MapStack) -> MapStack:
+        """``self[k] @ later[k]`` with ``self`` the EARLIER map, for a ``later`` map whose own
+        :meth:`then` does not know ``self``'s type; ``NotImplemented`` (the default) lets
+        :meth:`then` form dense matrices."""
+        return NotImplemented
 
     def floats_per_step(self) -> int:
         """Floats one map of the stack keeps as stored (its batch dims included)."""
