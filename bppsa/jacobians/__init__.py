@@ -1,14 +1,29 @@
-"""Builders of transposed Jacobians (dense and structured) for the recurrent cells."""
+"""Builders of transposed Jacobians: dense and structured for the recurrent cells, sparse with
+static patterns for the layers of feed-forward networks."""
 
 from bppsa._core.body import has_analytic_jacobian
 from bppsa._core.capture import AnalyticJacobianWarning, transposed_jacobian
 from bppsa.jacobians._cells import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
+from bppsa.jacobians._layers import (
+    conv2d_jacobian_t,
+    identity_jacobian_t,
+    linear_jacobian_t,
+    maxpool2d_jacobian_t,
+    relu_jacobian_t,
+    sparsity,
+)
 
 __all__ = [
     "AnalyticJacobianWarning",
+    "conv2d_jacobian_t",
     "gru_jacobian_t",
     "has_analytic_jacobian",
+    "identity_jacobian_t",
+    "linear_jacobian_t",
     "lstm_jacobian_t",
+    "maxpool2d_jacobian_t",
+    "relu_jacobian_t",
     "rnn_jacobian_t",
+    "sparsity",
     "transposed_jacobian",
 ]
