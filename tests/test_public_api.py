@@ -50,7 +50,10 @@ DOCTEST_MODULES = [
     "bppsa._core.methods.auto",
     "bppsa._core.methods.sharded",
     "bppsa.models._classifier",
+    "bppsa.models._chain",
+    "bppsa.models._pruning",
     "bppsa.data.synthetic",
+    "bppsa.data.cifar10",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Cells and networks as pure functions over parameter pytrees (PyTorch's layout)."""
+"""Cells, layers and networks as pure functions over parameter pytrees (PyTorch's layout)."""
 
 from bppsa.models._cells import (
     GRU,
@@ -10,16 +10,31 @@ from bppsa.models._cells import (
     lstm_cell,
     rnn_cell,
 )
+from bppsa.models._chain import Chain
 from bppsa.models._classifier import SequenceClassifier
+from bppsa.models._layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU
+from bppsa.models._pruning import Sparsity, magnitude_prune, sparsity_of
+from bppsa.models._vgg import vgg11
 
 __all__ = [
     "GRU",
     "LSTM",
     "RNN",
     "Cell",
+    "Chain",
+    "Conv2d",
+    "Flatten",
+    "Layer",
+    "Linear",
+    "MaxPool2d",
+    "ReLU",
     "SequenceClassifier",
+    "Sparsity",
     "gru_cell",
     "init_params",
     "lstm_cell",
+    "magnitude_prune",
     "rnn_cell",
+    "sparsity_of",
+    "vgg11",
 ]

@@ -9,7 +9,7 @@ import jax
 
 from bppsa._core import cost, memory
 from bppsa._core.memory import Footprint
-from bppsa._core.methods.base import Method, lower_memory, memory_error
+from bppsa._core.methods.base import LayerScan, Method, lower_memory, memory_error
 from bppsa._core.methods.blelloch import Blelloch
 from bppsa._core.methods.blocked import Blocked
 from bppsa._core.methods.chunked import Chunked
@@ -24,6 +24,15 @@ from bppsa._core.methods.sequential import Sequential
 CPU_BLOCK_WORK = 2**19
 CPU_BLOCK_STEPS = (64, 1024)
 CPU_PARALLEL_WORK = 1024
+
+# Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
+# a segmented sum) costs in units of one of the dense backward's convolutions. Measured on
+# VGG-11 at 32x32 on a 2-core CPU (backward = grad - forward, medians of 7 interleaved rounds):
+# the dense/sparse multiply-add ratio of the convolutions and the measured backward speedup
+# of the sparse chain over jax.grad were 13.4 -> 0.75x (B = 1), 1.2x (B = 4), 1.9x (B = 16)
+# at 90% pruning; 44 -> 3.0-3.2x at 97%; 133 -> 5.1-9.4x at 99%. The break-even ratio is thus
+# about 10-18; 15 keeps dense back-propagation at 90% and takes the chain from ~93% on.
+CHAIN_SPARSE_COST = 15.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Auto(Method):
     """
 
     name: ClassVar[str] = "auto"
+    chain_needs_work: ClassVar[bool] = True
 
     def choose(
         self,
@@ -145,6 +155,15 @@ class Auto(Method):
 
     def for_complex_carry(self, leaves):
         return Sequential()
+
+    def for_chain(self, work=None):
+        """The sequential sparse chain where the pruning makes it cheaper than dense
+        back-propagation by the measured margin, else plain back-propagation (JAX's autodiff
+        of the forward); see :data:`CHAIN_SPARSE_COST`. The parallel levels' filled-in products
+        never paid on a CPU (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
+        if work is not None and CHAIN_SPARSE_COST * work.sparse < work.dense:
+            return LayerScan(levels=0)
+        return LayerScan(autodiff=True)
 
     def differentiable(self, problem, forward, **options):
         return self.concrete(problem).differentiable(problem, forward, **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,6 +18,46 @@ if TYPE_CHECKING:
     from bppsa._core.forward import Forward
     from bppsa._core.plans import ScanPlan
     from bppsa._core.problem import Problem
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerScan:
+    """What a method does with the backward of a chain of layers (``Chain.apply``).
+
+    Attributes:
+        levels: parallel up-sweep levels of the scan over the layers' transposed Jacobians
+            (``0``: the sequential chain of sparse matrix-vector products; ``None``: all, the
+            full modified Blelloch scan).
+        autodiff: plain JAX autodiff of the chain's forward instead (the reference).
+        may_lower: a policy may use fewer levels when these do not fit the memory limit.
+    """
+
+    levels: int | None = 0
+    autodiff: bool = False
+    may_lower: bool = False
+
+    def describe(self) -> str:
+        """A few words for messages."""
+        if self.autodiff:
+            return "JAX autodiff of the forward"
+        if self.levels == 0:
+            return "sequential sparse chain"
+        return "all parallel levels" if self.levels is None else f"{self.levels} parallel levels"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainWork:
+    """What a policy needs to choose a chain's backward: multiply-adds per example of the layers
+    whose Jacobians pruning thins (convolutions and linear layers).
+
+    Attributes:
+        sparse: stored entries of their transposed Jacobians (the sequential sparse chain's
+            multiply-adds per example).
+        dense: the multiply-adds of their input gradients in JAX's dense back-propagation.
+    """
+
+    sparse: int
+    dense: int
 
 
 class Method(abc.ABC):
@@ -34,6 +75,7 @@ class Method(abc.ABC):
 
     name: ClassVar[str | None] = None
     uses_jacobians: ClassVar[bool] = True
+    chain_needs_work: ClassVar[bool] = False  # whether for_chain reads its ChainWork
 
     def concrete(self, problem: Problem) -> Method:
         """The method that runs ``problem`` (a policy such as ``Auto`` returns another one)."""
@@ -60,6 +102,19 @@ class Method(abc.ABC):
         if need <= limit_bytes:
             return self
         raise memory_error(self, self, need, limit, limit_bytes, fp)
+
+    def for_chain(self, work: ChainWork | None = None) -> LayerScan:
+        """How this method back-propagates through a chain of layers (``Chain.apply``) whose
+        work is ``work`` (a policy's choice depends on it).
+
+        Raises:
+            TypeError: the method has no backward over layers.
+        """
+        raise TypeError(
+            f"{self!r} does not apply to a chain of layers; use bppsa.Auto(), bppsa.Blelloch("
+            "levels=...), bppsa.Sequential(jacobians=True) (the sequential sparse chain) or "
+            "bppsa.Sequential() (plain autodiff)."
+        )
 
     def for_complex_carry(self, leaves: list) -> Method:
         """The method for a carry with complex ``leaves``: the Jacobian methods refuse it."""

@@ -7,15 +7,43 @@ from typing import ClassVar
 
 from bppsa._core import cost
 from bppsa._core.memory import BLELLOCH_DENSE
-from bppsa._core.methods.base import JacobianMethod
+from bppsa._core.methods.base import JacobianMethod, LayerScan
 from bppsa.scan import _algorithms
 
 
 @dataclasses.dataclass(frozen=True)
 class Blelloch(JacobianMethod):
-    """BPPSA's modified Blelloch scan: ``Theta(log T)`` levels (MLSys 2020, Wang et al.)."""
+    """BPPSA's modified Blelloch scan: ``Theta(log T)`` levels (MLSys 2020, Wang et al.).
 
+    Args:
+        levels: over a chain of layers (``Chain.apply``), how many parallel up-sweep levels
+            run before a linear scan over what is left (``None``: all of them). The products of
+            pruned convolutions fill in quickly, which is why the paper's analysis of VGG-11
+            ran two. Over time steps only ``None`` is supported.
+    """
+
+    levels: int | None = None
     name: ClassVar[str] = "blelloch"
+
+    def __post_init__(self):
+        if self.levels is not None and (
+            isinstance(self.levels, bool) or not isinstance(self.levels, int) or self.levels < 0
+        ):
+            raise ValueError(f"levels must be None or an int >= 0, got {self.levels!r}.")
+
+    def __repr__(self) -> str:
+        return "Blelloch()" if self.levels is None else f"Blelloch(levels={self.levels})"
+
+    def differentiable(self, problem, forward, **options):
+        if self.levels is not None:
+            raise ValueError(
+                f"bppsa.scan: {self!r} limits the parallel levels of a scan over layers "
+                "(Chain.apply); a scan over time steps runs all of them: use bppsa.Blelloch()."
+            )
+        return super().differentiable(problem, forward, **options)
+
+    def for_chain(self, work=None):
+        return LayerScan(levels=self.levels)
 
     def scan(self, g_last, maps, offsets):
         return _algorithms.blelloch(g_last, maps, offsets)

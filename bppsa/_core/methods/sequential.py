@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa._core import cost
 from bppsa._core.memory import BP_STATES
-from bppsa._core.methods.base import JacobianMethod
+from bppsa._core.methods.base import JacobianMethod, LayerScan
 from bppsa.scan import _algorithms
 
 
@@ -51,6 +51,10 @@ class Sequential(JacobianMethod):
 
     def for_complex_carry(self, leaves):
         return self if not self.jacobians else super().for_complex_carry(leaves)
+
+    def for_chain(self, work=None):
+        # Plain autodiff of the layers' forward, or the sequential chain of sparse products.
+        return LayerScan(levels=0) if self.jacobians else LayerScan(autodiff=True)
 
     def differentiable(self, problem, forward, **options):
         if self.jacobians:

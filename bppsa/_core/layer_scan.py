@@ -1,0 +1,285 @@
+"""Back-propagation through a chain of layers as a scan over their transposed Jacobians.
+
+``Chain.apply``'s backward when the method asks for one (``bppsa.grad(loss, method=...)``, or
+the ambient method of an enclosing ``bppsa.grad``): a custom VJP whose forward keeps every
+layer's input (what back-propagation keeps too) and whose backward
+
+1. builds every layer's transposed Jacobian for the batch (sparse with a static pattern for the
+   library's layers, see :mod:`bppsa.jacobians._layers`; dense by autodiff for a user's own
+   callable layer),
+2. runs the method's scan over the layers (:func:`bppsa.scan._chain.chain_scan`: ``levels=0`` is
+   the sequential chain of sparse matrix-vector products, ``None`` the full modified Blelloch
+   scan, ``k`` the paper's ``k`` parallel levels with a linear scan between them) to get every
+   layer's output cotangent,
+3. and takes every layer's parameter cotangent from its own output cotangent (independent of
+   each other, so XLA may run them in parallel).
+
+The memory guard runs between 1 and 2, at trace time: the products the scan would form are
+known from the static patterns, so a scan that would not fit raises
+:class:`bppsa.MemoryLimitError` (or, under ``Auto()``, uses fewer levels) before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bppsa._core import memory, options, plans
+from bppsa._core.memory import MemoryLimitError, human
+from bppsa._core.methods.base import ChainWork, LayerScan, Method
+from bppsa._core.methods.resolve import resolve
+from bppsa.scan._elements import Dense, MapStack
+
+
+def apply(chain, params, x, masks):
+    """``chain.forward(params, x, masks=masks)``, differentiated by the ambient method."""
+    opts = options.current()
+    requested = resolve(opts.method)
+    how = requested.for_chain(
+        chain_work(chain, params, x, masks) if requested.chain_needs_work else None
+    )
+    plan = plans.record(
+        requested=requested,
+        method=method_for(how),
+        jacobians="autodiff" if how.autodiff else "sparse",
+        length=len(chain),
+        batch=x.shape[0],
+    )
+    if how.autodiff:
+        return chain.forward(params, x, masks=masks)
+    static, traced = _split_masks(chain, masks)
+    run = _differentiable(chain, static, how, requested, opts.memory_limit, plan)
+    return run(params, x, traced)
+
+
+def method_for(how: LayerScan) -> Method:
+    """The method object that runs ``how`` on its own (what a plan of a chain reports)."""
+    from bppsa._core.methods import Blelloch, Sequential
+
+    if how.autodiff:
+        return Sequential()
+    return Sequential(jacobians=True) if how.levels == 0 else Blelloch(levels=how.levels)
+
+
+def layer_maps(chain, params, inputs, masks) -> list[MapStack | None]:
+    """Every layer's transposed Jacobian at its input (``None`` for an identity, e.g. Flatten)."""
+    return [_layer_map(layer, p, x, m) for layer, p, x, m in zip(chain, params, inputs, masks)]
+
+
+def chain_work(chain, params, x, masks) -> ChainWork:
+    """The multiply-adds per example of the chain's convolutions and linear layers: their
+    sparse transposed Jacobians' entries, and their dense input gradients' (from the static
+    patterns and shapes; nothing runs)."""
+    from bppsa.models import Conv2d, Linear
+
+    masks = _masks_list(chain, masks)
+    spec = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
+    maps = jax.eval_shape(lambda p, x: layer_maps_at(chain, p, x, masks), params, spec)
+    shapes = chain.shapes(tuple(x.shape[1:]), params)
+    sparse = dense = 0
+    for layer, m, out in zip(chain, maps, shapes[1:]):
+        if isinstance(layer, Conv2d | Linear) and m is not None:
+            kernel = layer.param_shapes()["weight"]
+            positions = math.prod(out[1:]) if isinstance(layer, Conv2d) else 1
+            sparse += m.floats_per_step()
+            dense += math.prod(kernel) * positions
+    return ChainWork(sparse=int(sparse), dense=int(dense))
+
+
+def layer_maps_at(chain, params, x, masks) -> list[MapStack | None]:
+    """:func:`layer_maps` at the inputs the forward of ``x`` gives every layer."""
+    masks = _masks_list(chain, masks)
+    inputs, _ = _forward(chain, params, x, masks)
+    return layer_maps(chain, params, inputs, masks)
+
+
+def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None = None) -> int:
+    """Estimated peak bytes of ``chain.apply``'s forward and backward with ``method``.
+
+    The layers' inputs kept for the backward, their transposed Jacobians as stored, and the
+    products the method's scan over the layers forms (from the static patterns: nothing runs).
+    ``params`` and ``x`` may be arrays or ``jax.ShapeDtypeStruct``.
+    """
+    requested = resolve(method)
+    masks = _masks_list(chain, masks)
+    how = requested.for_chain(
+        chain_work(chain, params, x, masks) if requested.chain_needs_work else None
+    )
+    if how.autodiff:
+        shapes = chain.shapes(tuple(x.shape[1:]), params)
+        return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
+    maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
+    levels = _levels_that_fit(how, maps, inputs, math.inf)[0]
+    return _footprint_bytes(maps, inputs, levels)
+
+
+def _differentiable(chain, static_masks, how: LayerScan, requested, limit, plan):
+    def masks_of(traced):
+        return [t if s is None else s for s, t in zip(static_masks, traced)]
+
+    @jax.custom_vjp
+    def run(params, x, traced):
+        return chain.forward(params, x, masks=masks_of(traced))
+
+    def fwd(params, x, traced):
+        masks = masks_of(traced)
+        inputs, y = _forward(chain, params, x, masks)
+        return y, (params, inputs, traced)
+
+    def bwd(residuals, g):
+        params, inputs, traced = residuals
+        masks = masks_of(traced)
+        maps = layer_maps(chain, params, inputs, masks)
+        levels, need, limit_bytes = _levels_that_fit(how, maps, inputs, limit)
+        if need > limit_bytes:
+            raise _memory_error(requested, how, need, limit, limit_bytes, maps, inputs)
+        if plan is not None:
+            plan.backward = method_for(LayerScan(levels))
+        batch = g.shape[0]
+        present = [m for m in maps if m is not None]
+        from bppsa.scan import _chain
+
+        scanned = _chain.chain_scan(g.reshape(batch, -1), present, levels=levels)
+        # scanned[k] is the cotangent after the k-th present map; identity layers pass theirs.
+        outs, k = [None] * len(maps), len(present)
+        current = scanned[k]
+        for i in reversed(range(len(maps))):
+            outs[i] = current
+            if maps[i] is not None:
+                k -= 1
+                current = scanned[k]
+        ct_params = [
+            _param_cotangent(layer, p, xi, m, gi)
+            for layer, p, xi, m, gi in zip(chain, params, inputs, masks, outs)
+        ]
+        ct_x = current.reshape(inputs[0].shape).astype(inputs[0].dtype)
+        return ct_params, ct_x, jax.tree.map(lambda _: None, traced)
+
+    run.defvjp(fwd, bwd)
+    return run
+
+
+def _forward(chain, params, x, masks):
+    inputs = []
+    for layer, p, m in zip(chain, params, masks):
+        inputs.append(x)
+        x = _call(layer, p, x, m)
+    return inputs, x
+
+
+def _maps_and_inputs(chain, params, x, masks):
+    inputs, _ = _forward(chain, params, x, masks)
+    return layer_maps(chain, params, inputs, masks), inputs
+
+
+def _call(layer, p, x, mask):
+    from bppsa.models._chain import call_layer
+
+    return call_layer(layer, p, x, mask)
+
+
+def _layer_map(layer, p, x, mask) -> MapStack | None:
+    if hasattr(layer, "jacobian_t"):
+        return layer.jacobian_t(p, x, mask)
+    return _autodiff_map(layer, p, x, mask)
+
+
+def _autodiff_map(layer, p, x, mask) -> Dense:
+    """A user's layer: its dense transposed Jacobian per example, by autodiff."""
+
+    def one(xi):
+        fn = lambda z: _call(layer, p, z.reshape(1, *xi.shape), mask).reshape(-1)  # noqa: E731
+        return jax.jacrev(fn)(xi.reshape(-1))
+
+    jac = jax.vmap(one)(x)  # (B, n_out, n_in)
+    return Dense(jnp.swapaxes(jac, -1, -2)[None])
+
+
+def _param_cotangent(layer, p, x, mask, g_out):
+    if not jax.tree.leaves(p):
+        return jax.tree.map(jnp.zeros_like, p)
+    y, vjp = jax.vjp(lambda p: _call(layer, p, x, mask), p)
+    (ct,) = vjp(g_out.reshape(y.shape).astype(y.dtype))
+    return ct
+
+
+def _masks_list(chain, masks) -> list:
+    if masks is None:
+        return [None] * len(chain)
+    return [m if m else None for m in masks]
+
+
+def _split_masks(chain, masks) -> tuple[list, list]:
+    """Masks with concrete values (their pruned entries leave the static patterns) apart from
+    traced ones (which can only zero values)."""
+    static, traced = [], []
+    for m in _masks_list(chain, masks):
+        leaves = jax.tree.leaves(m)
+        if m is not None and all(not isinstance(v, jax.core.Tracer) for v in leaves):
+            static.append(jax.tree.map(np.asarray, m))
+            traced.append(None)
+        else:
+            static.append(None)
+            traced.append(m)
+    return static, traced
+
+
+def _levels_that_fit(how: LayerScan, maps, inputs, limit) -> tuple[int | None, int, float]:
+    """The levels to run, their bytes and the limit's: ``how.levels`` if it fits, else (for a
+    policy that allows it) the most levels that do."""
+    limit_bytes = memory.available_bytes() if limit is None else limit
+    need = _footprint_bytes(maps, inputs, how.levels)
+    if need <= limit_bytes or not how.may_lower:
+        return how.levels, need, limit_bytes
+    for levels in _fewer_levels(how.levels, maps):
+        need_here = _footprint_bytes(maps, inputs, levels)
+        if need_here <= limit_bytes:
+            return levels, need_here, limit_bytes
+    return how.levels, need, limit_bytes
+
+
+def _fewer_levels(levels, maps) -> list[int]:
+    present = sum(m is not None for m in maps)
+    top = max(0, math.ceil(math.log2(present + 1))) if levels is None else levels
+    return list(range(top - 1, -1, -1))
+
+
+def _footprint_bytes(maps: Sequence, inputs: Sequence, levels) -> int:
+    present = [m for m in maps if m is not None]
+    itemsize = _itemsize(inputs[0])
+    kept = sum(math.prod(x.shape) for x in inputs)
+    stored = sum(m.floats_per_step() for m in present)
+    from bppsa.scan import _chain
+
+    formed = _chain.chain_memory(present, levels=levels, batch=inputs[0].shape[0]) if present else 0
+    return int(itemsize * (2 * kept + stored + formed))
+
+
+def _itemsize(x) -> int:
+    return jnp.dtype(x.dtype).itemsize
+
+
+def _memory_error(requested, how, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:
+    fits = []
+    for levels in _fewer_levels(how.levels, maps):
+        b = _footprint_bytes(maps, inputs, levels)
+        if b <= limit_bytes:
+            fits.append((LayerScan(levels), b))
+    source = "the default device's available memory" if limit is None else "memory_limit"
+    advice = (
+        "Fewer levels fit: "
+        + ", ".join(f"bppsa.Blelloch(levels={h.levels}) (~{human(b)})" for h, b in fits[:3])
+        if fits
+        else "No scan over these layers fits; use fewer examples."
+    )
+    message = (
+        f"Chain.apply: the backward with method={requested!r} ({how.describe()}) needs about "
+        f"{human(need)}, more than the limit of {human(limit_bytes)} ({source}). {advice} "
+        "method='sequential' is plain back-propagation; raise memory_limit (math.inf turns "
+        "this check off)."
+    )
+    return MemoryLimitError(message, need, limit_bytes, fits)
