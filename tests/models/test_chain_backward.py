@@ -233,9 +233,10 @@ def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
     from bppsa._core.methods.auto import CHAIN_SPARSE_COST
 
     chain, params, x, _ = problem(jnp.float32, 2)
-    for sparsity, expected in [(None, bppsa.Sequential()), (0.97, bppsa.Sequential(jacobians=True))]:
+    chain_method = bppsa.Sequential(jacobians=True)
+    for sparsity, expected in [(None, bppsa.Sequential()), (0.97, chain_method)]:
         masks = None if sparsity is None else magnitude_prune(params, sparsity)
-        loss = lambda p: jnp.sum(chain.apply(p, x, masks=masks))
+        loss = lambda p, masks=masks: jnp.sum(chain.apply(p, x, masks=masks))
         with bppsa.trace_plans() as plans:
             jax.eval_shape(bppsa.grad(loss, method="auto"), params)
         assert plans[0].method == expected, (sparsity, CHAIN_SPARSE_COST)
