@@ -21,6 +21,9 @@ test split is never looked at). They are the mean and the standard deviation ove
 the 50,000 training images in ``[0, 1]`` units; the often copied ``(0.2023, 0.1994, 0.2010)``
 is not that standard deviation and is not used.
 
+The record :class:`ImageSet` that :func:`load` returns, and :func:`standardize`, live in
+:mod:`bppsa.data._images` (shared with :mod:`bppsa.data.digits`) and are re-exported here.
+
 Reference: Krizhevsky, *Learning Multiple Layers of Features from Tiny Images*, 2009
 (https://www.cs.toronto.edu/~kriz/cifar.html).
 """
@@ -28,16 +31,14 @@ Reference: Krizhevsky, *Learning Multiple Layers of Features from Tiny Images*, 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import numbers
 import os
 import pathlib
 import pickle
-from collections.abc import Iterator
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
+
+from bppsa.data._images import SPLITS, ImageSet, _check_split, _float_dtype, standardize
 
 try:  # NumPy >= 2 (its pickles name numpy._core); NumPy 1.x only has numpy.core
     from numpy._core import multiarray as _multiarray
@@ -50,7 +51,6 @@ DIRECTORY = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILES = ("test_batch",)
 META_FILE = "batches.meta"
-SPLITS = ("train", "test")
 CLASS_NAMES = (
     "airplane",
     "automobile",
@@ -332,121 +332,6 @@ def read_batch(path: str | os.PathLike, num_classes: int = NUM_CLASSES) -> Batch
         raise CifarError(path, f"filenames has {len(filenames)} entries but data has {n} rows.")
     batch_label = _text(path, entries.get("batch_label", ""), "batch_label")
     return Batch(data, labels.astype(np.int32), batch_label, filenames)
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
-
-
-def _float_dtype(dtype) -> np.dtype:
-    """``dtype`` as a NumPy dtype, which must be floating (float16/32/64, bfloat16)."""
-    try:
-        chosen = np.dtype(dtype)
-    except TypeError:
-        chosen = None
-    if chosen is None or not jnp.issubdtype(chosen, jnp.floating):
-        raise ValueError(f"dtype must be a floating dtype such as np.float32, got {dtype!r}.")
-    return chosen
-
-
-def _check_split(split: str) -> str:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-    return split
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ImageSet:
-    """Labelled 3x32x32 images of one split, and their batches.
-
-    The batch of training ``iteration`` is a function of ``(seed, iteration)`` only: epoch
-    ``e = iteration // batches_per_epoch`` visits the images in the order of the permutation
-    ``numpy.random.default_rng([seed, e])`` draws, in ``len // batch_size`` batches (the last,
-    incomplete one is dropped so that every batch has the same shape and one compiled step
-    serves them all); a resumed run sees exactly the batches it would have seen.
-
-    Attributes:
-        images: ``(N, 3, 32, 32)`` floating, NCHW.
-        labels: ``(N,)`` int32, indices into ``class_names``.
-        class_names: the name of each label.
-        name: the data set, ``"cifar10"`` or ``"digits"``, for results and figures.
-        split: ``"train"`` or ``"test"``.
-        synthetic: True for a fixture of :mod:`bppsa.data.cifar10_fixture` (NOT CIFAR-10).
-        mean, std: per channel, what was subtracted and divided by after scaling the pixels to
-            ``[0, 1]``; ``None`` when the images were not standardized.
-    """
-
-    images: np.ndarray
-    labels: np.ndarray
-    class_names: tuple[str, ...]
-    name: str
-    split: str
-    synthetic: bool = False
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.class_names)
-
-    def batches_per_epoch(self, batch_size: int) -> int:
-        """Full batches of ``batch_size`` in one pass over the images."""
-        _check_int("batch_size", batch_size, 1)
-        if batch_size > len(self):
-            raise ValueError(
-                f"batch_size={batch_size} is larger than the {self.name} {self.split} split "
-                f"({len(self)} images)."
-            )
-        return len(self) // batch_size
-
-    def batch_indices(
-        self, iteration: int, batch_size: int, *, seed: int = 0, shuffle: bool = True
-    ) -> np.ndarray:
-        """Indices ``(batch_size,)`` of the images of training ``iteration`` (counted from 0)."""
-        _check_int("iteration", iteration, 0)
-        _check_int("seed", seed, 0)
-        epoch, position = divmod(iteration, self.batches_per_epoch(batch_size))
-        positions = np.arange(position * batch_size, (position + 1) * batch_size)
-        if not shuffle:
-            return positions
-        return np.random.default_rng([seed, epoch]).permutation(len(self))[positions]
-
-    def batch(
-        self, iteration: int, batch_size: int, *, seed: int = 0, shuffle: bool = True
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``(images: (B, 3, 32, 32), labels: (B,) int32)`` of ``iteration``, NumPy arrays."""
-        indices = self.batch_indices(iteration, batch_size, seed=seed, shuffle=shuffle)
-        return self.images[indices], self.labels[indices]
-
-    def batches(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        start: int = 0,
-        stop: int | None = None,
-        shuffle: bool = True,
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The batches of iterations ``start, start + 1, ...`` up to ``stop`` (exclusive;
-        ``None`` runs forever), each gathered when the iterator reaches it."""
-        self.batches_per_epoch(batch_size)
-        _check_int("start", start, 0)
-        if stop is not None:
-            _check_int("stop", stop, start)
-        iterations = itertools.count(start) if stop is None else range(start, stop)
-        for iteration in iterations:
-            yield self.batch(iteration, batch_size, seed=seed, shuffle=shuffle)
-
-
-def standardize(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """``(images - mean) / std`` per channel of NCHW ``images``, in place, and returned."""
-    images -= np.asarray(mean, images.dtype)[:, None, None]
-    images /= np.asarray(std, images.dtype)[:, None, None]
-    return images
 
 
 def load(

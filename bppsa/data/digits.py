@@ -27,7 +27,7 @@ import numbers
 
 import numpy as np
 
-from bppsa.data.cifar10 import ImageSet, _check_split, _float_dtype
+from bppsa.data._images import ImageSet, _check_split, _float_dtype
 
 NAME = "digits"
 CLASS_NAMES = tuple(str(digit) for digit in range(10))
@@ -114,7 +114,7 @@ def load(
             otherwise the values are in ``[0, 1]``.
 
     Returns:
-        An :class:`~bppsa.data.cifar10.ImageSet` named ``"digits"``, in the original order.
+        An :class:`~bppsa.data.ImageSet` named ``"digits"``, in the original order.
 
     Raises:
         ImportError: scikit-learn (the ``digits`` extra) is not installed.
