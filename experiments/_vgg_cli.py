@@ -1,0 +1,220 @@
+"""The command line of ``experiments/pruned_vgg11.py``: its configurations and arguments (bad
+values are refused by argparse, naming the argument, before any work starts)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+from typing import Any
+
+from experiments import _cli, _vgg_jacobians, _vgg_model
+
+DEFAULT_OUT = pathlib.Path("results/pruned_vgg11")
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named configuration of every command."""
+
+    name: str
+    analyze_levels: tuple[int | None, ...]
+    jacobians_size: int
+    jacobians_repeats: int
+    benchmark_size: int
+    sparsities: tuple[float, ...]
+    batches: tuple[int, ...]
+    benchmark_repeats: int
+    retrain: Any  # _vgg_retrain.Config
+
+
+def presets() -> dict[str, Preset]:
+    from experiments._vgg_retrain import Config
+
+    return {
+        "quick": Preset(
+            "quick",
+            analyze_levels=(2, None),
+            jacobians_size=16,
+            jacobians_repeats=5,
+            benchmark_size=16,
+            sparsities=(0.9, 0.97, 0.99),
+            batches=(1, 4, 16),
+            benchmark_repeats=7,
+            retrain=Config(input_size=16, width_divisor=2, pretrain_iterations=200, iterations=100),
+        ),
+        "paper": Preset(
+            "paper",
+            analyze_levels=(1, 2, 3, None),
+            jacobians_size=32,
+            jacobians_repeats=5,
+            benchmark_size=32,
+            sparsities=(0.9, 0.97, 0.99),
+            batches=(1, 4, 16),
+            benchmark_repeats=30,
+            retrain=Config(input_size=32, pretrain_iterations=500, iterations=1000),
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _fraction(text: str) -> float:
+    value = _cli.positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
+
+
+def _input_size(text: str) -> int:
+    value = _cli.positive_int(text)
+    if value not in _vgg_model.INPUT_SIZES:
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(map(str, _vgg_model.INPUT_SIZES))}, got {text!r}"
+        )
+    return value
+
+
+def _width_divisor(text: str) -> int:
+    value = _cli.positive_int(text)
+    if value & (value - 1) or value > 64:
+        raise argparse.ArgumentTypeError(f"expected a power of two up to 64, got {text!r}")
+    return value
+
+
+def _levels(text: str) -> int | None:
+    if text in ("all", "none", "None"):
+        return None
+    try:
+        return _cli.non_negative_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of levels (0, 1, 2, ...) or 'all', got {text!r}"
+        ) from None
+
+
+def _method(text: str) -> str:
+    try:
+        _vgg_model.parse_method(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.pruned_vgg11",
+        description=description,
+        epilog="Run '<command> --help' for a command's options.",
+    )
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{analyze,jacobians,benchmark,retrain}"
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    size = common.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small configuration (default)")
+    size.add_argument("--paper", action="store_true", help="the paper's sizes (32x32)")
+    common.add_argument("--seed", type=_cli.non_negative_int, default=0, help="seed (default 0)")
+    common.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
+    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
+    common.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    net = argparse.ArgumentParser(add_help=False)
+    net.add_argument(
+        "--input-size",
+        type=_input_size,
+        help="image side: 32 (VGG-11), or 16, 8, ... (the last max-poolings left out)",
+    )
+    net.add_argument(
+        "--width-divisor", type=_width_divisor, help="divide every conv width by this (1)"
+    )
+    net.add_argument(
+        "--scope",
+        choices=_vgg_model.SCOPES,
+        help="pruning scope (default: global for trained parameters, layer for an init)",
+    )
+    pruned = argparse.ArgumentParser(add_help=False)
+    pruned.add_argument(
+        "--checkpoint",
+        type=pathlib.Path,
+        help="prune these parameters (a retrain run's pretrained.npz) instead of an init",
+    )
+
+    a = commands.add_parser(
+        "analyze", parents=[common, net, pruned], help="FLOPs of the scan's products (Fig. 10)"
+    )
+    a.add_argument("--sparsity", type=_fraction, default=0.97, help="pruned fraction (0.97)")
+    a.add_argument("--levels", type=_levels, nargs="+", help="parallel levels of each scan (2 all)")
+    a.add_argument("--batch", type=_cli.positive_int, default=1, help="examples B (1)")
+
+    j = commands.add_parser(
+        "jacobians", parents=[common], help="analytic vs autodiff Jacobians (Table 1)"
+    )
+    j.add_argument("--input-size", type=_input_size, help="image side (quick 16, paper 32)")
+    j.add_argument("--repeats", type=_cli.positive_int, help="timed rounds (5)")
+    j.add_argument(
+        "--layers", nargs="+", choices=_vgg_jacobians.LAYERS, help="default: conv relu maxpool"
+    )
+    j.add_argument(
+        "--dense-budget-mib",
+        type=_cli.positive_int,
+        help="above this, the dense Jacobian is computed in blocks of rows (2048)",
+    )
+
+    b = commands.add_parser(
+        "benchmark", parents=[common, net, pruned], help="measured backward and memory"
+    )
+    b.add_argument("--sparsities", type=_fraction, nargs="+", help="pruned fractions")
+    b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes")
+    b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
+    b.add_argument(
+        "--memory-limit-mib",
+        type=_cli.positive_int,
+        help="memory the backward may use (default: the device's available memory); a method "
+        "over it is recorded as skipped",
+    )
+    b.add_argument(
+        "--methods",
+        "--method",
+        dest="methods",
+        nargs="+",
+        type=_method,
+        default=["bp", "bppsa", "blelloch-2", "blelloch", "sequential-jacobians"],
+        metavar="NAME",
+        help="bp (dense JAX backward), bppsa (Auto), blelloch, blelloch-K (K parallel levels), "
+        "sequential-jacobians (the sparse chain); default: all of them with K = 2",
+    )
+
+    r = commands.add_parser(
+        "retrain", parents=[common, net], help="prune and re-train with BP and BPPSA"
+    )
+    r.add_argument(
+        "--data",
+        choices=_vgg_model.DATA,
+        default="digits",
+        help="digits (scikit-learn's, real; default), cifar10 (the real set under --root), "
+        "fixture (SYNTHETIC, written under --root; for tests)",
+    )
+    r.add_argument("--root", type=pathlib.Path, help="CIFAR-10 folder (or the fixture's)")
+    r.add_argument("--sparsity", type=_fraction, help="pruned fraction (0.97)")
+    r.add_argument("--batch", type=_cli.positive_int, help="batch size (16)")
+    r.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (1e-3)")
+    r.add_argument(
+        "--pretrain-iterations", type=_cli.positive_int, help="dense iterations before pruning"
+    )
+    r.add_argument("--iterations", type=_cli.positive_int, help="re-training iterations")
+    r.add_argument(
+        "--methods",
+        "--method",
+        dest="methods",
+        nargs="+",
+        type=_method,
+        default=["bp", "sequential-jacobians", "blelloch-2"],
+        metavar="NAME",
+        help="as for benchmark (default: bp sequential-jacobians blelloch-2)",
+    )
+    r.add_argument(
+        "--chunk", type=_cli.positive_int, default=25, help="iterations per lockstep turn"
+    )
+    return parser
