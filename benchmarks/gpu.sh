@@ -7,7 +7,9 @@
 # does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
 # CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
 # Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end),
-# sharded_gpu.json (bppsa.Sharded on the device, if time is left) and speed_gpu.log into $OUT (the device tool's output folder), else results/.
+# sharded_gpu.json (bppsa.Sharded on the device, if time is left), vgg11_gpu/benchmark.json (the
+# pruned VGG-11's backward over its layers, if time is left) and speed_gpu.log into $OUT (the
+# device tool's output folder), else results/.
 #
 #   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
 #   bash benchmarks/gpu.sh --dry-run  # the same grids with tiny sizes, anywhere, in seconds
@@ -69,6 +71,19 @@ if ((status == 0 || status == 124 || status == 137)) && ((left >= 45)); then
     timeout --kill-after=10 "$left" python3 -m benchmarks.sharded "${sharded_args[@]}" \
         --out "$out_dir/sharded_gpu.json" 2>&1 | tee -a "$log" ||
         echo "gpu.sh: benchmarks.sharded exit $? (the speed results stand)" | tee -a "$log"
+fi
+# Pruned VGG-11's backward over its layers (experiments/pruned_vgg11.py benchmark, 32x32): dense
+# back-propagation vs the sequential sparse chain and two parallel levels, if time is left.
+vgg_args=(--paper --batches 1 16 --sparsities 0.97 0.99 --repeats 3
+    --methods bp sequential-jacobians blelloch-2)
+[[ " $* " == *" --dry-run "* ]] && vgg_args=(--input-size 8 --width-divisor 16 --batches 1
+    --sparsities 0.9 --repeats 1 --methods bp sequential-jacobians)
+left=$((deadline - SECONDS))
+if ((status == 0 || status == 124 || status == 137)) && ((left >= 90)); then
+    timeout --kill-after=10 "$left" python3 -m experiments.pruned_vgg11 benchmark \
+        "${vgg_args[@]}" --out "$out_dir" --name vgg11_gpu --overwrite --no-progress 2>&1 |
+        tee -a "$log" ||
+        echo "gpu.sh: pruned_vgg11 benchmark exit $? (the speed results stand)" | tee -a "$log"
 fi
 if [[ ! -s "$json" ]]; then
     echo "gpu.sh: no results in ${json} (exit ${status})" | tee -a "$log"

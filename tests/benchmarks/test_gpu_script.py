@@ -107,12 +107,23 @@ def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     assert set(sharded["rows"][0]["methods"]) == {"bp", "all_gather", "ppermute", "pipelined"}
 
 
+def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):
+    _, out = dry_run
+    payload = json.loads((out / "vgg11_gpu" / "benchmark.json").read_text())
+    (point,) = payload["points"]
+    assert point["point"] == {"sparsity": 0.9, "batch": 1}
+    assert set(point["methods"]) == {"bp", "sequential-jacobians"}
+    for method in point["methods"].values():
+        assert method["grad_s"] > 0 and method["max_grad_diff_relative"] < 1e-4, method
+
+
 def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
     done, out = run_script(tmp_path)
     assert done.returncode != 0
     assert "needs JAX's 'gpu' backend" in done.stdout + done.stderr
     assert not (out / "speed_gpu.json").exists()
     assert not (out / "sharded_gpu.json").exists()
+    assert not (out / "vgg11_gpu").exists()
 
 
 def test_a_benchmark_that_crashed_is_restarted_with_resume(tmp_path):
