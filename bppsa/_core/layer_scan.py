@@ -16,7 +16,7 @@ layer's input (what back-propagation keeps too) and whose backward
 
 The memory guard runs between 1 and 2, at trace time: the products the scan would form are
 known from the static patterns, so a scan that would not fit raises
-:class:`bppsa.MemoryLimitError` (or, under ``Auto()``, uses fewer levels) before anything runs.
+:class:`bppsa.MemoryLimitError` (listing the levels that would fit) before anything runs.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bppsa._core import memory, options, plans
 from bppsa._core.memory import MemoryLimitError, human
 from bppsa._core.methods.base import ChainWork, LayerScan, Method
 from bppsa._core.methods.resolve import resolve
+from bppsa.scan import _chain
 from bppsa.scan._elements import Dense, MapStack
 
 
@@ -74,11 +75,17 @@ def chain_work(chain, params, x, masks) -> ChainWork:
     """The multiply-adds per example of the chain's convolutions and linear layers: their
     sparse transposed Jacobians' entries, and their dense input gradients' (from the static
     patterns and shapes; nothing runs)."""
-    from bppsa.models import Conv2d, Linear
-
     masks = _masks_list(chain, masks)
     spec = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
     maps = jax.eval_shape(lambda p, x: layer_maps_at(chain, p, x, masks), params, spec)
+    return _work(chain, params, x, maps)
+
+
+def _work(chain, params, x, maps) -> ChainWork:
+    """:func:`chain_work` from the chain's maps (shared values: their entries do not depend on
+    the batch the maps were built for)."""
+    from bppsa.models import Conv2d, Linear
+
     shapes = chain.shapes(tuple(x.shape[1:]), params)
     sparse = dense = 0
     for layer, m, out in zip(chain, maps, shapes[1:]):
@@ -92,9 +99,7 @@ def chain_work(chain, params, x, masks) -> ChainWork:
 
 def layer_maps_at(chain, params, x, masks) -> list[MapStack | None]:
     """:func:`layer_maps` at the inputs the forward of ``x`` gives every layer."""
-    masks = _masks_list(chain, masks)
-    inputs, _ = _forward(chain, params, x, masks)
-    return layer_maps(chain, params, inputs, masks)
+    return _maps_and_inputs(chain, params, x, _masks_list(chain, masks))[0]
 
 
 def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None = None) -> int:
@@ -106,15 +111,12 @@ def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None
     """
     requested = resolve(method)
     masks = _masks_list(chain, masks)
-    how = requested.for_chain(
-        chain_work(chain, params, x, masks) if requested.chain_needs_work else None
-    )
+    maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
+    how = requested.for_chain(_work(chain, params, x, maps) if requested.chain_needs_work else None)
     if how.autodiff:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
-    maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
-    levels = _levels_that_fit(how, maps, inputs, math.inf)[0]
-    return _footprint_bytes(maps, inputs, levels)
+    return _footprint_bytes(maps, inputs, how.levels)
 
 
 def _differentiable(chain, static_masks, how: LayerScan, requested, limit, plan):
@@ -134,16 +136,15 @@ def _differentiable(chain, static_masks, how: LayerScan, requested, limit, plan)
         params, inputs, traced = residuals
         masks = masks_of(traced)
         maps = layer_maps(chain, params, inputs, masks)
-        levels, need, limit_bytes = _levels_that_fit(how, maps, inputs, limit)
+        need = _footprint_bytes(maps, inputs, how.levels)
+        limit_bytes = memory.available_bytes() if limit is None else limit
         if need > limit_bytes:
             raise _memory_error(requested, how, need, limit, limit_bytes, maps, inputs)
         if plan is not None:
-            plan.backward = method_for(LayerScan(levels))
+            plan.backward = method_for(how)
         batch = g.shape[0]
         present = [m for m in maps if m is not None]
-        from bppsa.scan import _chain
-
-        scanned = _chain.chain_scan(g.reshape(batch, -1), present, levels=levels)
+        scanned = _chain.chain_scan(g.reshape(batch, -1), present, levels=how.levels)
         # scanned[k] is the cotangent after the k-th present map; identity layers pass theirs.
         outs, k = [None] * len(maps), len(present)
         current = scanned[k]
@@ -232,20 +233,6 @@ def _split_masks(chain, masks) -> tuple[list, list]:
     return static, traced
 
 
-def _levels_that_fit(how: LayerScan, maps, inputs, limit) -> tuple[int | None, int, float]:
-    """The levels to run, their bytes and the limit's: ``how.levels`` if it fits, else (for a
-    policy that allows it) the most levels that do."""
-    limit_bytes = memory.available_bytes() if limit is None else limit
-    need = _footprint_bytes(maps, inputs, how.levels)
-    if need <= limit_bytes or not how.may_lower:
-        return how.levels, need, limit_bytes
-    for levels in _fewer_levels(how.levels, maps):
-        need_here = _footprint_bytes(maps, inputs, levels)
-        if need_here <= limit_bytes:
-            return levels, need_here, limit_bytes
-    return how.levels, need, limit_bytes
-
-
 def _fewer_levels(levels, maps) -> list[int]:
     present = sum(m is not None for m in maps)
     top = max(0, math.ceil(math.log2(present + 1))) if levels is None else levels
@@ -257,8 +244,6 @@ def _footprint_bytes(maps: Sequence, inputs: Sequence, levels) -> int:
     itemsize = _itemsize(inputs[0])
     kept = sum(math.prod(x.shape) for x in inputs)
     stored = sum(m.floats_per_step() for m in present)
-    from bppsa.scan import _chain
-
     formed = _chain.chain_memory(present, levels=levels, batch=inputs[0].shape[0]) if present else 0
     return int(itemsize * (2 * kept + stored + formed))
 

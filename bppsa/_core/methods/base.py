@@ -29,12 +29,10 @@ class LayerScan:
             (``0``: the sequential chain of sparse matrix-vector products; ``None``: all, the
             full modified Blelloch scan).
         autodiff: plain JAX autodiff of the chain's forward instead (the reference).
-        may_lower: a policy may use fewer levels when these do not fit the memory limit.
     """
 
     levels: int | None = 0
     autodiff: bool = False
-    may_lower: bool = False
 
     def describe(self) -> str:
         """A few words for messages."""
