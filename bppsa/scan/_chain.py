@@ -32,6 +32,7 @@ from bppsa.scan._sparse import (
     SPGEMM_METHOD,
     Pattern,
     Sparse,
+    _dense_shape,
     plan_structures,
 )
 
@@ -129,7 +130,7 @@ def _map_shape(element: MapStack) -> tuple[int, int]:
         return element.shape
     if isinstance(element, Dense):
         return tuple(element.a.shape[-2:])
-    return tuple(jax.eval_shape(lambda maps: maps.to_dense().a, element).shape[-2:])
+    return _dense_shape(element)
 
 
 def _check_levels(levels) -> None:

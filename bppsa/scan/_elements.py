@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa.scan._pattern import expand_values
+
 
 class MapStack(abc.ABC):
     """A stack of ``m`` linear maps ``A_0, ..., A_{m-1}`` on vectors of shape ``(*batch, n)``.
@@ -106,7 +108,7 @@ class MapStack(abc.ABC):
         product = earlier.after(self)
         if product is not NotImplemented:
             return product
-        return Dense(earlier.to_dense().a @ self.to_dense().a)
+        return Dense(matmul(earlier.to_dense().a, self.to_dense().a))
 
     def after(self, later: MapStack) -> MapStack:
         """``self[k] @ later[k]`` with ``self`` the EARLIER map, for a ``later`` map whose own
@@ -218,6 +220,13 @@ class Structured(MapStack):
         if self.e is not None:
             a = a + self.e[..., :, None] * jnp.eye(n, dtype=a.dtype)
         return Dense(a)
+
+
+def matmul(earlier: Array, later: Array) -> Array:
+    """``earlier @ later`` for dense stacks ``(m, *batch, r, c)`` whose batch dims broadcast
+    after the stack axis (a shared ``(m, r, c)`` against a per-example ``(m, B, c, k)``)."""
+    ndim = max(earlier.ndim, later.ndim)
+    return expand_values(earlier, ndim) @ expand_values(later, ndim)
 
 
 def concat(parts: Sequence[MapStack]) -> MapStack:

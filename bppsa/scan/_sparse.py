@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.scan._elements import Dense, MapStack
+from bppsa.scan._elements import Dense, MapStack, matmul
 from bppsa.scan._pattern import Pattern, expand_values
 
 # Re-exported, besides those used here: bppsa.scan._chain, tests and benchmarks import them.
@@ -46,13 +46,6 @@ from bppsa.scan._spgemm import (  # noqa: F401
     product_plan,
     spgemm_values,
 )
-
-
-def _matmul(earlier: Array, later: Array) -> Array:
-    """``earlier @ later`` for dense stacks ``(m, *batch, r, c)`` whose batch dims broadcast
-    after the stack axis (a shared ``(m, r, c)`` against a per-example ``(m, B, c, k)``)."""
-    ndim = max(earlier.ndim, later.ndim)
-    return expand_values(earlier, ndim) @ expand_values(later, ndim)
 
 
 def _sparse_then_dense(later: Sparse, earlier: Array) -> Array:
@@ -147,7 +140,7 @@ class Sparse(MapStack):
             return Dense(_sparse_then_dense(self, earlier.to_dense().a))
         plan = self.plan(earlier)
         if plan.method == "gemm":
-            return Dense(_matmul(earlier.to_dense().a, self.to_dense().a))
+            return Dense(matmul(earlier.to_dense().a, self.to_dense().a))
         pairs = _pairs(self.pattern, earlier.pattern)
         out = Sparse(spgemm_values(self.values, earlier.values, pairs, plan.method), pairs.pattern)
         return out.to_dense() if plan.format == "dense" else out
@@ -166,10 +159,6 @@ def _dense_shape(x: MapStack) -> tuple[int, int]:
 
 def compose(later: MapStack, earlier: MapStack) -> MapStack:
     """``earlier[k] @ later[k]`` for maps of any types (``later`` applied first), without
-    densifying a :class:`Sparse` operand: :meth:`MapStack.then` with the reflected case
-    (dense ``later``, sparse ``earlier``) handled by :meth:`Sparse.after`."""
-    if isinstance(later, Sparse):
-        return later.then(earlier)
-    if isinstance(earlier, Sparse):
-        return earlier.after(later)
-    return Dense(_matmul(earlier.to_dense().a, later.to_dense().a))
+    densifying a :class:`Sparse` operand: ``later.then(earlier)``, whose default asks a sparse
+    ``earlier`` for the reflected product (:meth:`Sparse.after`)."""
+    return later.then(earlier)
