@@ -39,6 +39,7 @@ import optax
 import bppsa
 from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
+from experiments import _timing
 from experiments._records import JsonLines, resume_points
 from experiments._timing import timed
 
@@ -121,7 +122,7 @@ def measure(
         bp_backward_s=medians["bp_s"] - forward,
         bppsa_backward_s=medians["bppsa_s"] - forward - jacobians,
     )
-    quartiles = {f"{name}_s": _quartiles(times[name]) for name in PHASES}
+    quartiles = {f"{name}_s": _timing.quartiles(times[name], _DIGITS) for name in PHASES}
     return {k: round(v, _DIGITS) for k, v in (medians | derived).items()} | {
         "quartiles": quartiles,
         "compile_s": compile_s,
@@ -176,10 +177,3 @@ def _ms(seconds: float) -> str:
 
 def _x(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "-"
-
-
-def _quartiles(values: list[float]) -> dict[str, float]:
-    if len(values) == 1:
-        return {"median": values[0], "q1": values[0], "q3": values[0]}
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": round(median, _DIGITS), "q1": round(q1, _DIGITS), "q3": round(q3, _DIGITS)}

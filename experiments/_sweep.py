@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from experiments import _timing
 from experiments._records import JsonLines, resume_points
 from experiments._training import Trainer, run_together, step_rows
 
@@ -35,7 +36,7 @@ def summarize(rows: Iterable[dict[str, Any]], skip: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {"iterations": len(steps)}
     for phase in ("forward_s", "grad_s", "update_s", "step_s"):
         values = [row[phase] for row in steps if row.get(phase) is not None]
-        out[phase] = _quartiles(values)
+        out[phase] = _timing.quartiles(values)
     return out
 
 
@@ -114,15 +115,6 @@ def run_sweep(
 
     log = JsonLines(pathlib.Path(out_dir) / SWEEP_LOG)
     return resume_points(log, config, points, measure, what="sweep", on_point=on_point)
-
-
-def _quartiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"median": None, "q1": None, "q3": None}
-    if len(values) == 1:
-        return {"median": values[0], "q1": values[0], "q3": values[0]}
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": median, "q1": q1, "q3": q3}
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

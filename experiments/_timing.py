@@ -18,6 +18,18 @@ def timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
+def quartiles(values: list[float], digits: int | None = None) -> dict[str, float | None]:
+    """Median and quartiles of timings (``None`` for none), rounded to ``digits`` if given."""
+    if not values:
+        return {"median": None, "q1": None, "q3": None}
+    if len(values) == 1:
+        return {"median": values[0], "q1": values[0], "q3": values[0]}
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    if digits is not None:
+        q1, median, q3 = (round(v, digits) for v in (q1, median, q3))
+    return {"median": median, "q1": q1, "q3": q3}
+
+
 def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 1) -> float:
     """Median of ``repeats`` timed calls after ``warmup`` untimed ones (compilation included)."""
     for _ in range(warmup):

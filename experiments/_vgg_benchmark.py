@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-from experiments import _vgg_model
+from experiments import _timing, _vgg_model
 from experiments._timing import timed
 
 _DIGITS = 7
@@ -124,7 +124,7 @@ def measure(
             grad_min_s=_round(grad_min),
             backward_s=_round(grad_median - fwd_median),
             backward_min_s=_round(grad_min - fwd_min),
-            quartiles=_quartiles(times[name]),
+            quartiles=_timing.quartiles(times[name], _DIGITS),
         )
     base = entries.get(_vgg_model.BASELINE, {})
     for entry in entries.values():
@@ -260,13 +260,6 @@ def _mb(value) -> str:
 
 def _x(ratio) -> str:
     return "-" if ratio is None else f"{ratio:.2f}"
-
-
-def _quartiles(values: list[float]) -> dict[str, float]:
-    if len(values) == 1:
-        return {"median": values[0], "q1": values[0], "q3": values[0]}
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": _round(median), "q1": _round(q1), "q3": _round(q3)}
 
 
 POINTS = "benchmark.jsonl"

@@ -35,6 +35,7 @@ import scipy.sparse
 
 from bppsa.jacobians import conv2d_jacobian_t, maxpool2d_jacobian_t, relu_jacobian_t
 from bppsa.models import Conv2d, MaxPool2d, ReLU
+from experiments import _timing
 from experiments._timing import timed
 
 LAYERS = ("conv", "relu", "maxpool")
@@ -193,7 +194,7 @@ def measure(
         analytic_s=round(medians["analytic"], _DIGITS),
         dense_s=round(medians["dense"], _DIGITS),
         speedup=medians["dense"] / medians["analytic"] if medians["analytic"] > 0 else None,
-        quartiles={k: _quartiles(v) for k, v in times.items()},
+        quartiles={k: _timing.quartiles(v, _DIGITS) for k, v in times.items()},
         analytic_first_call_s=round(analytic_first, 4),
         dense_first_call_s=round(dense_first, 4),
         repeats=repeats,
@@ -216,13 +217,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{row['speedup']:.0f}x | {'yes' if row['check']['same'] else 'NO'} |"
         )
     return "\n".join(lines)
-
-
-def _quartiles(values: list[float]) -> dict[str, float]:
-    if len(values) == 1:
-        return {"median": values[0], "q1": values[0], "q3": values[0]}
-    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": round(median, _DIGITS), "q1": round(q1, _DIGITS), "q3": round(q3, _DIGITS)}
 
 
 POINTS = "jacobians.jsonl"
