@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from bppsa.data._fixtures import claim_folder
 from bppsa.data.cifar10 import (
     CLASS_NAMES,
     DIRECTORY,
@@ -140,13 +141,7 @@ def write_fixture(root: str | os.PathLike, *, per_batch: int = 20, seed: int = 0
     if isinstance(per_batch, bool) or not isinstance(per_batch, int) or per_batch < 1:
         raise ValueError(f"per_batch must be a positive int, got {per_batch!r}.")
     directory = pathlib.Path(root) / DIRECTORY
-    marker = directory / MARKER
-    if directory.exists() and any(directory.iterdir()) and not marker.exists():
-        raise FileExistsError(
-            f"{str(directory)!r} is not empty and is not a synthetic fixture (no {MARKER}); "
-            "refusing to write synthetic batches into it."
-        )
-    directory.mkdir(parents=True, exist_ok=True)
+    marker = claim_folder(directory, MARKER, "batches")
     marker.write_text(MARKER_TEXT.format(per_batch=per_batch, seed=seed))
     names = (*TRAIN_FILES, *TEST_FILES)
     for index, name in enumerate(names):

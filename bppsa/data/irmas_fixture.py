@@ -18,6 +18,7 @@ import wave
 
 import numpy as np
 
+from bppsa.data._fixtures import claim_folder
 from bppsa.data.irmas import CLASSES, CLIP_SAMPLES, SAMPLE_RATE, SYNTHETIC_MARKER
 
 MARKER_TEXT = (
@@ -85,13 +86,7 @@ def write_fixture(
     if not isinstance(clips_per_class, int) or clips_per_class < 1:
         raise ValueError(f"clips_per_class must be a positive int, got {clips_per_class!r}.")
     root = pathlib.Path(root)
-    marker = root / SYNTHETIC_MARKER
-    if root.exists() and any(root.iterdir()) and not marker.exists():
-        raise FileExistsError(
-            f"{str(root)!r} is not empty and is not a synthetic fixture (no {SYNTHETIC_MARKER}); "
-            "refusing to write synthetic clips into it."
-        )
-    root.mkdir(parents=True, exist_ok=True)
+    marker = claim_folder(root, SYNTHETIC_MARKER, "clips")
     for old in root.glob("*/*[[]synthetic[]]*.wav"):
         old.unlink()
     marker.write_text(MARKER_TEXT.format(clips=clips_per_class, seed=seed))
