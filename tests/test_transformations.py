@@ -200,29 +200,24 @@ def test_grad_of_grad(problem):
     assert_trees_close(hess, hess_ref, dtype)
 
 
-def test_forward_mode_raises_clearly_unless_sequential(problem):
+def test_forward_mode_and_forward_over_reverse(problem):
     params, xs, _ = problem
 
     def loss(w, method=None):
         body = lambda h, x: (jnp.tanh(w @ h + x[0]), None)
         return bppsa.scan(body, jnp.ones(H, w.dtype), xs, method=method)[0].sum()
 
+    def loss_ref(w):
+        body = lambda h, x: (jnp.tanh(w @ h + x[0]), None)
+        return jax.lax.scan(body, jnp.ones(H, w.dtype), xs)[0].sum()
+
     w, dw = params["w"], jnp.ones_like(params["w"])
-    with pytest.raises(TypeError, match=r"no forward-mode derivative.*method='sequential'"):
-        jax.jvp(loss, (w,), (dw,))
-    with pytest.raises(TypeError, match="no forward-mode derivative"):
-        jax.jacfwd(loss)(w)
-    with pytest.raises(TypeError, match="no forward-mode derivative"):
-        jax.vmap(lambda w: jax.jvp(loss, (w,), (dw,)))(jnp.stack([w, w]))
-    _, tangent = jax.jvp(functools.partial(loss, method="sequential"), (w,), (dw,))
-    _, tangent_ref = jax.jvp(
-        lambda w: jax.lax.scan(
-            lambda h, x: (jnp.tanh(w @ h + x[0]), None), jnp.ones(H, w.dtype), xs
-        )[0].sum(),
-        (w,),
-        (dw,),
-    )
-    assert_trees_close(tangent, tangent_ref, w.dtype)
+    for method in ("blelloch", "sequential"):
+        tangent = jax.jvp(functools.partial(loss, method=method), (w,), (dw,))
+        assert_trees_close(tangent, jax.jvp(loss_ref, (w,), (dw,)), w.dtype)
+    batched = jax.vmap(lambda w: jax.jvp(loss, (w,), (dw,)))(jnp.stack([w, 2 * w]))
+    batched_ref = jax.vmap(lambda w: jax.jvp(loss_ref, (w,), (dw,)))(jnp.stack([w, 2 * w]))
+    assert_trees_close(batched, batched_ref, w.dtype)
 
     # Forward over reverse works: the JVP differentiates the backward pass, itself plain JAX.
     def loss_xs(w, xs):

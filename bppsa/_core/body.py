@@ -49,6 +49,16 @@ class Body:
     def analytic(self) -> bool:
         return self.jacobians == ANALYTIC
 
+    def keeping_carries(self) -> Body:
+        """This body with ``(y, carry)`` as its output (the carry that entered the step)."""
+        converted = self.converted
+
+        def keeping(carry, x, *consts):
+            (new_carry, y), *rest = converted(carry, x, *consts)
+            return ((new_carry, (y, carry)), *rest)
+
+        return dataclasses.replace(self, converted=keeping)
+
     def step(self, carry, x, *consts):
         """``(carry, y, jac_t | None)``: one step, with its analytic Jacobian if it is used."""
         (new_carry, y), jac_t, _, _ = self.converted(carry, x, *consts)

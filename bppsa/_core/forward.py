@@ -1,9 +1,9 @@
 """The forward pass of a scan, as a swappable part.
 
 A :class:`Forward` runs the steps of a scan forward in time and, for a backward pass, also
-returns the carry that entered every step. :class:`SequentialForward` is ``lax.scan`` (every
-method uses it today); a parallel-in-time forward implements the same call, and the backward
-methods do not change.
+returns the carry that entered every step. :class:`SequentialForward` is ``lax.scan`` (the
+default); :class:`bppsa.Newton` (:mod:`bppsa._core.newton`) solves the whole trajectory by
+Newton iterations, each a parallel linear scan. The backward methods do not change with it.
 """
 
 from __future__ import annotations
@@ -11,19 +11,26 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from jax import lax
+
+if TYPE_CHECKING:
+    from bppsa._core.problem import Problem
 
 
 class Forward(abc.ABC):
     """How the forward pass of a scan runs."""
 
+    name: ClassVar[str | None] = None
+    sequential: ClassVar[bool] = False  # whether this is lax.scan itself
+
     @abc.abstractmethod
     def __call__(
-        self, step: Callable, consts: list, init: Any, xs: Any, *, length: int, keep: bool
+        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool
     ) -> tuple[Any, Any]:
-        """Runs ``step(carry, x, *consts) -> (carry, y, ...)`` over ``xs`` (time order).
+        """Runs the steps of ``problem`` (``problem.body.step(carry, x, *consts) -> (carry, y,
+        ...)``) over ``xs`` (time order).
 
         Returns:
             ``(final carry, ys)``, or with ``keep``: ``(final carry, (ys, carries_before))``,
@@ -35,9 +42,21 @@ class Forward(abc.ABC):
 class SequentialForward(Forward):
     """``lax.scan``: ``T`` dependent steps."""
 
-    def __call__(self, step, consts, init, xs, *, length, keep):
-        def body(carry, x):
-            new_carry, y, *_ = step(carry, x, *consts)
-            return new_carry, ((y, carry) if keep else y)
+    name: ClassVar[str] = "sequential"
+    sequential: ClassVar[bool] = True
 
-        return lax.scan(body, init, xs, length=length)
+    def __call__(self, problem, consts, init, xs, *, keep):
+        return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
+
+    def __repr__(self) -> str:
+        return "'sequential'"
+
+
+def run_sequentially(step: Callable, consts, init, xs, length: int, keep: bool):
+    """``lax.scan`` of ``step(carry, x, *consts) -> (carry, y, ...)`` (see :class:`Forward`)."""
+
+    def body(carry, x):
+        new_carry, y, *_ = step(carry, x, *consts)
+        return new_carry, ((y, carry) if keep else y)
+
+    return lax.scan(body, init, xs, length=length)

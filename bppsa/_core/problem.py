@@ -54,6 +54,11 @@ class Problem:
         """Whether the carry has float leaves with entries (else there is nothing to scan)."""
         return any(math.prod(shape) for shape in self.layout.shapes)
 
+    def keeping_carries(self) -> Problem:
+        """The same scan with the carry that entered each step as a second output of the step:
+        ``ys -> (ys, carries_before)`` (what an outer derivative of the kept carries needs)."""
+        return dataclasses.replace(self, body=self.body.keeping_carries())
+
     def all_steps(self) -> Callable:
         """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
         return steps_with_jacobians(self.body.step, self.layout, self.body.analytic)

@@ -66,6 +66,11 @@ def problems() -> dict[str, str]:
     return dict(_problems)
 
 
+def record_problem(feature: str, message: str) -> None:
+    """Records (and warns once) that ``feature`` fell back because JAX changed underneath."""
+    _fell_back(feature, message)
+
+
 def _fell_back(feature: str, message: str) -> None:
     if feature not in _problems:
         _problems[feature] = message

@@ -1,21 +1,31 @@
-"""The custom VJP of a Jacobian-based scan: a forward slot, then the method's own backward.
+"""The derivatives of a Jacobian-based scan: a forward slot, a tangent scan, the method's backward.
 
 :func:`jacobian_scan` wires a scan as ``(consts, init, xs) -> (carry, ys)`` with a
-``jax.custom_vjp``: the forward (:mod:`bppsa._core.forward`) keeps the carry entering every
-step; the backward asks the requested method, for this scan's footprint and memory limit, which
-concrete method runs (``fit``), and hands it the residuals and cotangents (``backward``).
+``jax.custom_jvp``. Its JVP rule runs the forward (:mod:`bppsa._core.forward`), keeping the carry
+that entered every step, and returns the tangents through :func:`bppsa._core.linear.linear_map`:
+
+* evaluated (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``), the map is the tangent recurrence
+  ``dh_t = J_t dh_{t-1} + u_t`` (``u_t`` what the step's inputs and parameters send), solved by
+  the method's own linear scan over the steps' Jacobians, in time order (:func:`tangents`);
+* transposed (``jax.grad``, ``jax.vjp``, ``jax.jacrev``), it is the method's backward: the
+  requested method's ``fit`` picks the concrete method for this scan's footprint and memory
+  limit, which back-propagates the cotangents (:func:`cotangents`).
+
+Higher orders compose: the rule calls the scan itself for its primal (a variant that also
+returns the carries), so an outer derivative goes through the same rule again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import jax
-from jax.custom_derivatives import SymbolicZero
 
-from bppsa._core import backward, debug, tracing
-from bppsa._core.carry import zero_cotangent
+from bppsa._core import backward, debug
+from bppsa._core.carry import is_float, zero_cotangent
 from bppsa._core.forward import Forward
+from bppsa._core.linear import linear_map
 
 if TYPE_CHECKING:
     from bppsa._core.methods.base import Method
@@ -32,7 +42,7 @@ def jacobian_scan(
     check_finite: bool,
     plan: ScanPlan | None = None,
 ):
-    """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA as its VJP.
+    """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA derivatives.
 
     Args:
         requested: the method the scan was asked for; its ``fit`` picks the concrete method of
@@ -43,62 +53,121 @@ def jacobian_scan(
         check_finite: report the first non-finite step (see :mod:`bppsa._core.debug`).
         plan: where to record the backward's method, if recording.
     """
-    step, layout, num_steps = problem.body.step, problem.layout, problem.length
-    init_shape = problem.init
-    all_steps = problem.all_steps()
+    setup = _Setup(requested, problem, forward, memory_limit, check_finite, plan)
 
-    @jax.custom_vjp
+    @jax.custom_jvp
+    def run_keep(consts, init, xs):  # also returns the carry that entered every step
+        carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
+        return carry, ys, before
+
+    @jax.custom_jvp
     def run(consts, init, xs):
-        return forward(step, consts, init, xs, length=num_steps, keep=False)
+        return forward(problem, consts, init, xs, keep=False)
 
-    def run_fwd(consts, init, xs):
-        consts, init, xs = jax.tree.map(lambda p: p.value, (consts, init, xs))
-        carry, (ys, carries_before) = forward(step, consts, init, xs, length=num_steps, keep=True)
-        return (carry, ys), (consts, xs, carries_before)
+    def rule(primals, tangents):
+        out = run_keep(*primals)
+        res = (primals[0], out[2], primals[2])  # consts, carries before, xs
+        lin = jax.tree.map(lambda t: t if is_float(t) else None, tangents)
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
+        dots = linear_map(setup.tangents, setup.cotangents, res, lin, _floats_only(shapes))
+        return out, _fill(dots, out)
 
-    def run_bwd(residuals, cotangents):
-        consts, xs, carries_before = residuals
-        ct_carry, ct_ys = cotangents
-        (_, ys_shape), _ = jax.eval_shape(all_steps, consts, carries_before, xs)
-        if all(isinstance(ct, SymbolicZero) for ct in jax.tree.leaves(ct_ys)):
-            ct_ys = None  # only the final carry receives a cotangent
+    def run_rule(primals, tangents):
+        out, dots = rule(primals, tangents)
+        return out[:2], dots[:2]
+
+    run_keep.defjvp(rule)
+    run.defjvp(run_rule)
+    return run
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Setup:
+    """What the tangent map and its transpose need of the scan."""
+
+    requested: Method
+    problem: Problem
+    forward: Forward
+    memory_limit: float | None
+    check_finite: bool
+    plan: ScanPlan | None
+
+    def tangents(self, res, lin):
+        """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
+        recurrence, solved in time order by the method's linear scan (float leaves only)."""
+        consts, before, xs = res
+        init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
+        dconsts, dinit, dxs = (
+            _zeros_for_none(t, like) for t, like in zip(lin, (consts, init, xs), strict=True)
+        )
+        problem, layout = self.problem, self.problem.layout
+        _, f_jvp, jac_t = jax.linearize(problem.all_steps(), consts, before, xs, has_aux=True)
+        dbefore = jax.tree.map(zero_cotangent, before)
+        if problem.differentiable_carry:
+            method = self.requested.fit(problem.footprint, self.memory_limit)
+            inputs_dot, _ = f_jvp(dconsts, dbefore, dxs)
+            h = method.forward_scan(  # [dh_0, ..., dh_T]
+                layout.pack(dinit), jac_t, layout.pack(inputs_dot, stacked=True)
+            )
+            dbefore = layout.unpack(h[:-1], before, stacked=True)
+            dcarry = layout.unpack(h[-1], init)
         else:
-            ct_ys = _instantiate_tree(ct_ys, ys_shape)
+            dcarry = jax.tree.map(zero_cotangent, init)
+        _, dys = f_jvp(dconsts, dbefore, dxs)
+        return _floats_only((dcarry, dys, dbefore))
+
+    def cotangents(self, res, cts):
+        """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
+        (``None`` where none arrives): the method's backward."""
+        consts, before, xs = res
+        problem, layout = self.problem, self.problem.layout
+        ct_carry, ct_ys, ct_before = cts
+        if _all_none(ct_before):
+            ct_ys = None if _all_none(ct_ys) else ct_ys
+        else:  # an outer derivative of the carries themselves: they become outputs too
+            problem = problem.keeping_carries()
+            ct_ys = (ct_ys, ct_before)
+        all_steps = problem.all_steps()
+        (_, ys_shape), _ = jax.eval_shape(all_steps, consts, before, xs)
+        if ct_ys is not None:
+            ct_ys = _zeros_for_none(ct_ys, ys_shape)
+        init_shape = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
         if not problem.differentiable_carry:
             # Nothing in the carry is differentiable (no float leaves, or only empty ones): the
             # cotangents come from the outputs alone.
-            ct_consts, ct_xs = backward.steps_vjp(all_steps, consts, carries_before, xs, ct_ys)
-            return ct_consts, layout.zeros(init_shape), ct_xs
-        g_last = layout.pack(_instantiate_tree(ct_carry, init_shape))
-        method = requested.fit(problem.footprint, memory_limit)
-        if plan is not None:
-            plan.backward = method
+            ct_consts, ct_xs = backward.steps_vjp(all_steps, consts, before, xs, ct_ys)
+            return _floats_only((ct_consts, layout.zeros(init_shape), ct_xs))
+        g_last = layout.pack(_zeros_for_none(ct_carry, init_shape))
+        method = self.requested.fit(problem.footprint, self.memory_limit)
+        if self.plan is not None:
+            self.plan.backward = method
         g_first, ct_consts, ct_xs, flags = method.backward(
-            problem, consts, carries_before, xs, g_last, ct_ys, check=check_finite
+            problem, consts, before, xs, g_last, ct_ys, check=self.check_finite
         )
-        if check_finite:
+        if self.check_finite:
             debug.report(flags, g_last, problem.reverse)
-        return ct_consts, layout.unpack(g_first, init_shape), ct_xs
-
-    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
-
-    def differentiable(consts, init, xs):
-        if tracing.differentiated_forward((init, xs, consts)):
-            raise TypeError(
-                f"bppsa.scan with method={requested!r} has no forward-mode derivative "
-                "(jax.jvp, jax.jacfwd, jax.linearize): its backward pass is a custom VJP. Use "
-                "method='sequential' (plain jax.lax.scan, which supports every transformation) "
-                "or reverse mode (jax.grad, jax.vjp, jax.jacrev)."
-            )
-        return run(consts, init, xs)
-
-    return differentiable
+        return _floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
 
 
-def _instantiate(ct, like):
-    """A real array for a symbolic-zero cotangent (``float0`` for integer leaves)."""
-    return zero_cotangent(like) if isinstance(ct, SymbolicZero) else ct
+def _all_none(tree) -> bool:
+    return all(leaf is None for leaf in jax.tree.leaves(tree, is_leaf=lambda x: x is None))
 
 
-def _instantiate_tree(cts, like):
-    return jax.tree.map(_instantiate, cts, like, is_leaf=lambda x: isinstance(x, SymbolicZero))
+def _zeros_for_none(tree, like):
+    """``tree`` with a zero (``float0`` for integer leaves) wherever it has ``None``."""
+    return jax.tree.map(
+        lambda t, a: zero_cotangent(a) if t is None and a is not None else t,
+        tree,
+        like,
+        is_leaf=lambda x: x is None,
+    )
+
+
+def _floats_only(tree):
+    """``None`` for every leaf that is not a float array (what :func:`linear_map` carries)."""
+    return jax.tree.map(lambda t: t if is_float(t) else None, tree)
+
+
+def _fill(dots, like):
+    """The tangents of ``like``'s leaves: ``dots`` with ``float0`` zeros for its ``None``s."""
+    return _zeros_for_none(dots, like)

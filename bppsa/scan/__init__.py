@@ -5,7 +5,8 @@ its signature and docstring are those of :func:`bppsa._core.api.scan`). The subp
 what the scans are written against, which knows elements and an operator and nothing about
 recurrent cells:
 
-* elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`, and
+* elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`,
+  :class:`Diagonal`, and
   :class:`Sparse` (a static :class:`Pattern` with traced values; its products with
   :func:`product_plan`'s report and :func:`compose`);
 * algorithms: :func:`combine` (the one operator), :func:`sequential`, :func:`blelloch`,
@@ -40,7 +41,7 @@ from bppsa._core.methods import (
 from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
 from bppsa.scan._chain import ChainRow, chain_memory, chain_plan, chain_scan
 from bppsa.scan._chunked import chunked, default_chunks
-from bppsa.scan._elements import Dense, MapStack, Structured, concat
+from bppsa.scan._elements import Dense, Diagonal, MapStack, Structured, concat
 from bppsa.scan._sparse import Pattern, ProductPlan, Sparse, compose, product_plan
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "ChainRow",
     "Chunked",
     "Dense",
+    "Diagonal",
     "JacobianMethod",
     "MapStack",
     "Method",

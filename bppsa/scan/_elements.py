@@ -5,9 +5,10 @@ transposed Jacobian of step ``t``. :class:`MapStack` lists everything the algori
 model and the debug check use: applying the maps to vectors (or to the rows of matrices),
 composing two stacks (:meth:`MapStack.then`: which operand is later in time is in the name),
 slicing, flipping, concatenating, the floats a step keeps, and which fields carry the stack axis
-(per-step) and which are shared by every map of the stack. :class:`Dense` and
-:class:`Structured` implement it; a new element type (e.g. sparse) implements the abstract
-methods and overrides the defaults where it can do better than densifying.
+(per-step) and which are shared by every map of the stack. :class:`Dense`, :class:`Structured`
+and :class:`Diagonal` (quasi-Newton solves) implement it; a new element type (e.g. sparse)
+implements the abstract methods and overrides the defaults where it can do better than
+densifying.
 
 Maps act on vectors of shape ``(*batch, n)``: the leading ``batch`` dims index independent
 examples, so a map is block-diagonal over them (the shape a cell gives when it is called on a
@@ -116,6 +117,15 @@ class MapStack(abc.ABC):
         :meth:`then` form dense matrices."""
         return NotImplemented
 
+    def transpose(self) -> MapStack:
+        """The maps ``A_k^T`` (as dense matrices unless the type keeps a structure): what a
+        scan forward in time applies, ``J_t = (J_t^T)^T``."""
+        return Dense(jnp.swapaxes(self.to_dense().a, -1, -2))
+
+    def diagonal(self) -> Diagonal:
+        """The diagonals of the maps, as maps of their own (a quasi-Newton approximation)."""
+        return Diagonal(jnp.diagonal(self.to_dense().a, axis1=-2, axis2=-1))
+
     def floats_per_step(self) -> int:
         """Floats one map of the stack keeps as stored (its batch dims included)."""
         return sum(math.prod(v.shape[1:]) for v in self.per_step().values() if v is not None)
@@ -165,6 +175,9 @@ class Dense(MapStack):
 
     def to_dense(self) -> Dense:
         return self
+
+    def diagonal(self) -> Diagonal:
+        return Diagonal(jnp.diagonal(self.a, axis1=-2, axis2=-1))
 
 
 @jax.tree_util.register_dataclass
@@ -220,6 +233,46 @@ class Structured(MapStack):
         if self.e is not None:
             a = a + self.e[..., :, None] * jnp.eye(n, dtype=a.dtype)
         return Dense(a)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Diagonal(MapStack):
+    """Diagonal maps, ``A_k = diag(d[k])``.
+
+    Attributes:
+        d: ``(m, *batch, n)``.
+    """
+
+    d: Array
+
+    per_step_fields: ClassVar[tuple[str, ...]] = ("d",)
+    shared_fields: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def size(self) -> int:
+        return self.d.shape[-1]
+
+    def apply(self, v: Array) -> Array:
+        return self.d * v
+
+    def apply_to_rows(self, y: Array) -> Array:
+        return y * self.d[..., None, :]
+
+    def to_dense(self) -> Dense:
+        return Dense(self.d[..., :, None] * jnp.eye(self.size, dtype=self.d.dtype))
+
+    def then(self, earlier: MapStack) -> MapStack:
+        if isinstance(earlier, Diagonal):
+            ndim = max(earlier.d.ndim, self.d.ndim)
+            return Diagonal(expand_values(earlier.d, ndim) * expand_values(self.d, ndim))
+        return super().then(earlier)
+
+    def transpose(self) -> Diagonal:
+        return self
+
+    def diagonal(self) -> Diagonal:
+        return self
 
 
 def matmul(earlier: Array, later: Array) -> Array:

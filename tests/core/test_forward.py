@@ -22,8 +22,9 @@ class PythonLoopForward(Forward):
 
     calls: list = dataclasses.field(default_factory=list, compare=False, hash=False)
 
-    def __call__(self, step, consts, init, xs, *, length, keep):
+    def __call__(self, problem, consts, init, xs, *, keep):
         self.calls.append(keep)
+        step, length = problem.body.step, problem.length
         carry, ys, before = init, [], []
         for t in range(length):
             x = jax.tree.map(lambda a, t=t: a[t], xs)

@@ -147,6 +147,16 @@ class JacobianMethod(Method):
     def scan(self, g_last: Array, maps: MapStack, offsets: Array | None) -> Array:
         """Returns ``[g_0, ..., g_T]`` (see :mod:`bppsa.scan._algorithms`; time order)."""
 
+    def forward_scan(self, h_first: Array, jac_t: MapStack, offsets: Array) -> Array:
+        """The linear recurrence forward in time, ``h_{t+1} = J_t h_t + offsets[t]``, by this
+        method's scan: returns ``[h_0, ..., h_T]`` from ``h_0 = h_first`` and the transposed
+        Jacobians ``jac_t`` (time order; ``J_t`` is their transpose).
+
+        A forward recurrence is the backward one with time reversed: :meth:`scan` over the
+        transposed maps from the last step to the first, with ``h_0`` in place of ``g_T``.
+        """
+        return self.scan(h_first, jac_t.transpose().flip(), offsets[::-1])[::-1]
+
     @abc.abstractmethod
     def span_floats(self, fp: Footprint, steps: int) -> float:
         """Floats per example of the backward of ``steps`` steps evaluated at once."""

@@ -59,9 +59,13 @@ class Sequential(JacobianMethod):
     def differentiable(self, problem, forward, **options):
         if self.jacobians:
             return super().differentiable(problem, forward, **options)
-        step, length = problem.body.step, problem.length
+        if not forward.sequential:
+            # lax.scan's own derivatives need lax.scan's forward: back-propagate through the
+            # other forward's trajectory with the sequential scan over the Jacobians instead.
+            options["requested"] = Sequential(jacobians=True)
+            return super().differentiable(problem, forward, **options)
 
         def run(consts, init, xs):  # JAX differentiates the lax.scan itself
-            return forward(step, consts, init, xs, length=length, keep=False)
+            return forward(problem, consts, init, xs, keep=False)
 
         return run

@@ -1,0 +1,171 @@
+"""A linear map whose transpose is ours: how forward mode and reverse mode share one scan.
+
+:func:`linear_map` evaluates ``fn(res, lin)``, linear in ``lin``, as one JAX primitive whose
+transpose rule is ``transpose(res, ct)``. A scan's JVP rule (:mod:`bppsa._core.vjp`) returns its
+tangents through it, so that
+
+* ``jax.jvp``, ``jax.jacfwd`` and ``jax.linearize`` evaluate ``fn``: the tangent recurrence as
+  a parallel scan;
+* ``jax.grad``, ``jax.vjp`` and ``jax.jacrev`` linearize the scan and transpose this primitive,
+  which runs ``transpose``: the method's own backward (Auto, Blelloch, Chunked, blocks, the
+  memory guard), not a transpose that JAX derives from ``fn``.
+
+``jax.custom_vjp`` cannot be differentiated in forward mode, and JAX's ``linear_call`` has no
+batching rule (``jax.vmap``), which is why this module defines its own primitive, with the four
+rules a primitive needs: evaluation (``fn``, also when lowered under ``jax.jit``), JVP (linear in
+``lin``; the derivative w.r.t. ``res`` is JAX's, of ``fn``), transpose and batching (``fn`` and
+``transpose`` vmapped). It uses JAX's extension API (``jax.extend.core.Primitive`` and the rule
+tables of ``jax.interpreters``); if that is missing, :func:`linear_map` evaluates ``fn`` as plain
+JAX code (every transformation still works, reverse mode then through JAX's own transpose) and
+:func:`bppsa._core.tracing.problems` lists it, which ``tests/core/test_tracing.py`` fails on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bppsa._core import tracing
+
+try:
+    from jax.extend.core import Primitive
+    from jax.interpreters import ad, batching, mlir
+except ImportError as err:  # pragma: no cover - a JAX without the extension API
+    Primitive = ad = batching = mlir = None
+    tracing.record_problem("linear_map", f"cannot define a JAX primitive: {err}")
+
+
+def linear_map(
+    fn: Callable, transpose: Callable, res: Any, lin: Any, out_shapes: Any = None
+) -> Any:
+    """``fn(res, lin)``, linear in ``lin``, with ``transpose(res, ct)`` as its transpose.
+
+    Args:
+        fn: ``(res, lin) -> out`` (pytrees of arrays), linear in ``lin``.
+        transpose: ``(res, ct_out) -> ct_lin``, the transpose of ``fn`` in ``lin``; ``ct_out``
+            has ``None`` for every output leaf that receives no cotangent.
+        res: the arguments in which ``fn`` need not be linear.
+        lin: the linear arguments (float leaves).
+        out_shapes: the shapes and dtypes of ``fn``'s output, if known (else ``fn`` is traced
+            once for them).
+    """
+    if _PRIMITIVE is None:  # pragma: no cover - see the module docstring
+        return fn(res, lin)
+    res_leaves, res_tree = jax.tree.flatten(res)
+    lin_leaves, lin_tree = jax.tree.flatten(lin)
+    if out_shapes is None:
+        out_shapes = jax.eval_shape(fn, res, lin)
+    out_leaves, out_tree = jax.tree.flatten(out_shapes)
+
+    def flat_fn(res_leaves, lin_leaves):
+        out = fn(res_tree.unflatten(res_leaves), lin_tree.unflatten(lin_leaves))
+        return jax.tree.leaves(out)
+
+    def flat_transpose(res_leaves, ct_leaves):
+        ct = out_tree.unflatten(ct_leaves)
+        ct_lin = transpose(res_tree.unflatten(res_leaves), ct)
+        return lin_tree.flatten_up_to(ct_lin)
+
+    rule = _Rule(flat_fn, flat_transpose, len(res_leaves), out_leaves)
+    out = _PRIMITIVE.bind(*res_leaves, *lin_leaves, rule=rule)
+    return out_tree.unflatten(out)
+
+
+class _Rule:
+    """The parameters of one bound primitive: its functions over flat leaves and output shapes.
+
+    Compared by identity (a primitive's parameters key JAX's caches).
+    """
+
+    def __init__(self, fn, transpose, num_res: int, out_shapes: list):
+        self.fn, self.transpose, self.num_res = fn, transpose, num_res
+        self.out_shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shapes]
+
+    def split(self, args):
+        return list(args[: self.num_res]), list(args[self.num_res :])
+
+
+def _impl(*args, rule):
+    return rule.fn(*rule.split(args))
+
+
+def _abstract_eval(*args, rule):
+    return [jax.core.ShapedArray(s.shape, s.dtype) for s in rule.out_shapes]
+
+
+def _jvp(primals, tangents, *, rule):
+    res, lin = rule.split(primals)
+    res_dot, lin_dot = rule.split(tangents)
+    lin_dot = [ad.instantiate_zeros(t) for t in lin_dot]
+    if all(type(t) is ad.Zero for t in res_dot):  # linear: the tangent is the same map
+        out = _PRIMITIVE.bind(*primals, rule=rule)
+        return out, _PRIMITIVE.bind(*res, *lin_dot, rule=rule)
+    res_dot = [ad.instantiate_zeros(t) for t in res_dot]
+    return jax.jvp(rule.fn, (res, lin), (res_dot, lin_dot))
+
+
+def _transpose(cts, *args, rule):
+    res, lin = rule.split(args)
+    if any(ad.is_undefined_primal(r) for r in res):
+        raise NotImplementedError("bppsa: a scan's tangent map is not linear in its residuals.")
+    cts = [None if type(ct) is ad.Zero else ct for ct in cts]
+    ct_lin = rule.transpose(res, cts)
+    return [None] * len(res) + [
+        ct if ad.is_undefined_primal(x) else None for ct, x in zip(ct_lin, lin, strict=True)
+    ]
+
+
+def _batch(args, dims, *, rule):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    res, lin = rule.split(args)
+    res_dims, lin_dims = rule.split(dims)
+    res = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(res, res_dims)]
+    res_axes = [None if d is None else 0 for d in res_dims]
+    # Every linear argument batched at 0 (broadcasting is linear), so the transpose's
+    # cotangents are too.
+    lin = [
+        jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
+        for a, d in zip(lin, lin_dims)
+    ]
+    fn = jax.vmap(rule.fn, in_axes=(res_axes, 0))
+
+    def transpose(res, cts):
+        present = [i for i, ct in enumerate(cts) if ct is not None]
+
+        def one(res, given):
+            full = [None] * len(cts)
+            for i, ct in zip(present, given):
+                full[i] = ct
+            return rule.transpose(res, full)
+
+        return jax.vmap(one, in_axes=(res_axes, 0))(res, [cts[i] for i in present])
+
+    out_shapes = jax.eval_shape(fn, res, lin)
+    batched = _Rule(fn, transpose, len(res), out_shapes)
+    out = _PRIMITIVE.bind(*res, *lin, rule=batched)
+    return out, [0] * len(out)
+
+
+def _define():
+    if Primitive is None:  # pragma: no cover
+        return None
+    try:
+        primitive = Primitive("bppsa_linear_map")
+        primitive.multiple_results = True
+        primitive.def_impl(_impl)
+        primitive.def_abstract_eval(_abstract_eval)
+        mlir.register_lowering(primitive, mlir.lower_fun(_impl, multiple_results=True))
+        ad.primitive_jvps[primitive] = _jvp
+        ad.primitive_transposes[primitive] = _transpose
+        batching.primitive_batchers[primitive] = _batch
+        ad.Zero, ad.instantiate_zeros, ad.is_undefined_primal  # noqa: B018 - fail here if moved
+    except Exception as err:  # pragma: no cover - JAX changed its extension API
+        tracing.record_problem("linear_map", f"cannot define a JAX primitive: {err!r}")
+        return None
+    return primitive
+
+
+_PRIMITIVE = _define()
