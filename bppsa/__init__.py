@@ -4,7 +4,8 @@ Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backwar
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
 :class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential` and :class:`Sharded`
-(subclasses of :class:`Method`), the memory guard's :func:`estimate_memory` and
+(subclasses of :class:`Method`), the forward pass :class:`Newton` (with :class:`NewtonInfo`),
+the memory guard's :func:`estimate_memory` and
 :class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided) and
 :class:`AnalyticJacobianWarning`.
 """
@@ -14,6 +15,7 @@ from bppsa._core.api import estimate_memory
 from bppsa._core.grad import grad, value_and_grad
 from bppsa._core.memory import MemoryLimitError
 from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential, Sharded
+from bppsa._core.newton import Newton, NewtonInfo
 from bppsa._core.plans import ScanPlan, trace_plans
 from bppsa.jacobians import AnalyticJacobianWarning
 
@@ -27,6 +29,8 @@ __all__ = [
     "Chunked",
     "MemoryLimitError",
     "Method",
+    "Newton",
+    "NewtonInfo",
     "ScanPlan",
     "Sequential",
     "Sharded",

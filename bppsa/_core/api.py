@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from bppsa._core import arguments, plans
-from bppsa._core.forward import SequentialForward
+from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.methods import Auto, Method, resolve
 from bppsa._core.options import Options, current
 from bppsa._core.problem import prepare
@@ -24,7 +24,7 @@ Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
 
-FORWARD = SequentialForward()
+FORWARD = SequentialForward()  # the default forward pass
 
 
 def scan(
@@ -38,6 +38,7 @@ def scan(
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     batch: int | None = None,
+    forward: Forward | str | None = None,
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
@@ -73,6 +74,11 @@ def scan(
             ``jax.grad``.
         batch: examples this scan serves at once (what ``Auto()`` and the memory guard weigh);
             ``None``: read from the ``jax.vmap`` traces the scan is traced under.
+        forward: how the forward pass runs: ``"sequential"`` (``lax.scan``) or
+            ``bppsa.Newton(...)`` / ``"newton"`` (Newton iterations on the whole trajectory,
+            each a parallel scan, certified to the residual tolerance; see
+            :class:`bppsa.Newton`). ``None``: that of the enclosing :func:`bppsa.grad`, else
+            ``"sequential"``.
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
@@ -83,9 +89,11 @@ def scan(
         MemoryLimitError: (when the backward pass is traced) see ``memory_limit``.
 
     Works under ``jax.jit``, ``jax.vmap`` (batch by vmapping a scan over one example) and
-    reverse mode of any order. With a parallel method, forward mode (``jax.jvp``,
-    ``jax.jacfwd``) raises a ``TypeError``; ``method="sequential"`` is plain ``lax.scan`` and
-    supports every transformation.
+    derivatives of any order and mode: forward mode (``jax.jvp``, ``jax.jacfwd``,
+    ``jax.linearize``) solves the tangent recurrence ``dh_t = J_t dh_{t-1} + u_t`` with the
+    method's own scan (parallel for ``Blelloch()`` and ``Chunked()``), and reverse mode
+    (``jax.grad``, ``jax.vjp``, ``jax.jacrev``) transposes it into the method's backward.
+    ``method="sequential"`` with the sequential forward is plain ``lax.scan``.
 
     Example:
         >>> w = 0.5 * jnp.eye(3)
@@ -98,7 +106,8 @@ def scan(
         >>> bppsa.grad(loss, method="blelloch")(w).shape
         (3, 3)
     """
-    options = Options.make(method, memory_limit, check_finite).over(current())
+    options = Options.make(method, memory_limit, check_finite, forward).over(current())
+    forward = options.forward or FORWARD
     batch = _check_batch(batch)
     problem, init, requested, concrete = _prepare(
         options.method or Auto(), f, init, xs, length, reverse, batch
@@ -109,10 +118,11 @@ def scan(
         jacobians=problem.body.jacobians,
         length=problem.length,
         batch=problem.batch,
+        forward=forward,
     )
     run = concrete.differentiable(
         problem,
-        FORWARD,
+        forward,
         requested=requested,
         memory_limit=options.memory_limit,
         check_finite=bool(options.check_finite),

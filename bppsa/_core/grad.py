@@ -9,6 +9,7 @@ from typing import Any
 import jax
 
 from bppsa._core import tracing
+from bppsa._core.forward import Forward
 from bppsa._core.methods import Method
 from bppsa._core.options import Options, ambient
 
@@ -21,6 +22,7 @@ def value_and_grad(
     method: Method | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
+    forward: Forward | str | None = None,
 ) -> Callable[..., tuple[Any, Any]]:
     """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
 
@@ -38,6 +40,9 @@ def value_and_grad(
         check_finite: raise ``FloatingPointError`` naming the first time step whose Jacobian
             or cotangent is not finite (``None``: that of an enclosing ``bppsa.grad``, else
             False); see :func:`bppsa.scan`.
+        forward: the forward pass of each scan inside (``"sequential"``, ``"newton"`` or
+            ``bppsa.Newton(...)``; ``None``: that of an enclosing ``bppsa.grad``, else
+            sequential); see :func:`bppsa.scan`.
 
     Returns:
         A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
@@ -59,7 +64,7 @@ def value_and_grad(
         >>> [plan.method for plan in plans]
         [Blelloch(), Sequential(jacobians=False)]
     """
-    options = Options.make(method, memory_limit, check_finite)
+    options = Options.make(method, memory_limit, check_finite, forward)
     if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover
         raise TypeError(
             "bppsa.grad cannot pass its options into a function that is already jax.jit-"
@@ -85,9 +90,10 @@ def grad(
     method: Method | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
+    forward: Forward | str | None = None,
 ) -> Callable:
-    """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``
-    and ``check_finite`` (see :func:`value_and_grad`).
+    """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
+    ``check_finite`` and ``forward`` (see :func:`value_and_grad`).
 
     Example:
         >>> xs = jnp.linspace(0.0, 1.0, 50)
@@ -96,7 +102,13 @@ def grad(
         True
     """
     value_and_grad_fun = value_and_grad(
-        fun, argnums, has_aux, method=method, memory_limit=memory_limit, check_finite=check_finite
+        fun,
+        argnums,
+        has_aux,
+        method=method,
+        memory_limit=memory_limit,
+        check_finite=check_finite,
+        forward=forward,
     )
 
     @functools.wraps(fun)

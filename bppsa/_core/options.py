@@ -1,7 +1,7 @@
 """What a scan's backward pass is asked for, and how :func:`bppsa.grad`'s settings reach it.
 
-One frozen (hashable) :class:`Options` holds the method, the memory limit and the finiteness
-check. :func:`bppsa.grad` sets it for the scans traced inside it with :func:`ambient`, through a
+One frozen (hashable) :class:`Options` holds the method, the memory limit, the finiteness
+check and the forward pass. :func:`bppsa.grad` sets it for the scans traced inside it with :func:`ambient`, through a
 JAX configuration state that keys ``jax.jit``'s cache (see :mod:`bppsa._core.tracing`), so a
 ``fun`` that was jitted before being passed to ``bppsa.grad`` is traced again for other options
 instead of silently reusing the trace of its first options. A scan's own arguments win over the
@@ -16,8 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from bppsa._core import tracing
+from bppsa._core.forward import Forward
 from bppsa._core.methods.base import Method
-from bppsa._core.methods.resolve import resolve
+from bppsa._core.methods.resolve import resolve, resolve_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,19 +30,22 @@ class Options:
         memory_limit: bytes the backward may use; ``math.inf`` turns the check off; ``None``:
             the default device's available memory.
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
+        forward: how the forward pass runs (see :mod:`bppsa._core.forward`).
     """
 
     method: Method | None = None
     memory_limit: float | None = None
     check_finite: bool | None = None
+    forward: Forward | None = None
 
     @classmethod
-    def make(cls, method=None, memory_limit=None, check_finite=None) -> Options:
-        """Validated options from user arguments (method names are resolved here)."""
+    def make(cls, method=None, memory_limit=None, check_finite=None, forward=None) -> Options:
+        """Validated options from user arguments (method and forward names are resolved here)."""
         return cls(
             method=None if method is None else resolve(method),
             memory_limit=check_limit(memory_limit),
             check_finite=None if check_finite is None else check_bool(check_finite),
+            forward=None if forward is None else resolve_forward(forward),
         )
 
     def over(self, outer: Options) -> Options:

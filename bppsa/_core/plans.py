@@ -29,6 +29,7 @@ class ScanPlan:
         batch: the ``jax.vmap`` batch the scan was traced under.
         backward: the method that ran the backward pass, after the memory guard (``None``
             until the backward is traced, and for plain ``lax.scan``).
+        forward: how the forward pass runs (``'sequential'``: ``lax.scan``; ``Newton(...)``).
     """
 
     requested: Any
@@ -37,6 +38,7 @@ class ScanPlan:
     length: int
     batch: int
     backward: Any = None
+    forward: Any = None
 
 
 @contextlib.contextmanager

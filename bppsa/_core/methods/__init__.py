@@ -14,11 +14,12 @@ from bppsa._core.methods.base import JacobianMethod, Method
 from bppsa._core.methods.blelloch import Blelloch
 from bppsa._core.methods.blocked import Blocked
 from bppsa._core.methods.chunked import Chunked
-from bppsa._core.methods.resolve import METHODS, resolve
+from bppsa._core.methods.resolve import FORWARDS, METHODS, resolve, resolve_forward
 from bppsa._core.methods.sequential import Sequential
 from bppsa._core.methods.sharded import Sharded
 
 __all__ = [
+    "FORWARDS",
     "METHODS",
     "Auto",
     "Blelloch",
@@ -29,4 +30,5 @@ __all__ = [
     "Sequential",
     "Sharded",
     "resolve",
+    "resolve_forward",
 ]

@@ -1,0 +1,231 @@
+"""``bppsa.Newton()``: the forward pass solved by Newton iterations, each a parallel linear scan.
+
+Algorithm summary (the parallel-in-time forward of DEER, Lim et al., ICLR 2024, with the
+quasi-Newton variant of Gonzalez et al., NeurIPS 2024, made certified). The trajectory
+``h_1, ..., h_T`` of ``h_t = f(h_{t-1}, x_t)`` is the root of the residual
+``r_t = h_t - f(h_{t-1}, x_t)``. One Newton step linearizes every step at the current iterate
+``h^k`` and solves the LINEAR recurrence
+
+    ``h^{k+1}_t = J_t h^{k+1}_{t-1} + (f(h^k_{t-1}, x_t) - J_t h^k_{t-1})``,
+    ``J_t = d f / d h (h^k_{t-1}, x_t)``,
+
+with the known ``h_0`` as its leftmost element: a scan over affine maps, run by the modified
+Blelloch scan in ``2 ceil(log2(T + 1))`` levels (the backward's algorithm, forward in time).
+With ``quasi=True`` only the diagonal of ``J_t`` is used (elementwise products: cheap, but
+linear instead of quadratic convergence). In exact arithmetic, ``k`` iterations make the first
+``k`` states exact, whatever the cell; on contractive cells convergence is much faster.
+
+Certified: after every iteration, the residual of EVERY step is checked against ``tol`` relative
+to the size of the states (see :class:`Newton`); the iterations stop when all steps pass, when
+the number of leading steps that pass stops growing (rounding or divergence: chaotic cells,
+overflow, NaN), or at ``max_iterations``. The leading steps that pass are kept and the rest of
+the trajectory is computed sequentially from the end of that prefix, so the result is never an
+unconverged trajectory: at worst it is ``lax.scan``'s, after the iterations tried.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from bppsa._core.forward import Forward, run_sequentially
+from bppsa.scan import _algorithms
+
+# Default tolerance, in units of the dtype's machine epsilon, of every step's residual relative
+# to the size of the states (|r_t| <= tol (|f_t| + mean_t |f_t|), elementwise). Measured with
+# benchmarks/newton.py: converged Newton iterates of the paper's RNN and GRU reach residuals of
+# 0-4 eps; 64 eps leaves room for the rounding of long scans and stays far below what would be
+# visible against lax.scan (it is ~7.6e-6 in float32 and ~1.4e-14 in float64).
+TOL_EPS = 64.0
+# Default iteration limit: Newton's critical path is iterations x 2 log2(T) scan levels, so
+# beyond T / (2 log2 T) iterations it is longer than the sequential forward's T steps; and
+# MAX_ITERATIONS bounds it where contractive cells converge in far fewer (benchmarks/newton.py).
+MAX_ITERATIONS = 50
+
+
+class NewtonInfo(NamedTuple):
+    """What a Newton forward did (the argument of :class:`Newton`'s ``callback``).
+
+    Attributes:
+        iterations: Newton iterations run (linear scans solved).
+        converged: whether every step's residual met the tolerance.
+        prefix: how many leading steps met it (``length`` when converged).
+        fallback_steps: steps computed sequentially after the prefix (0 when converged).
+        residual: the largest residual of the last iterate, relative to the tolerance's scale,
+            over the steps that met it (<= ``tol``).
+        length: ``T``.
+    """
+
+    iterations: Any
+    converged: Any
+    prefix: Any
+    fallback_steps: Any
+    residual: Any
+    length: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Newton(Forward):
+    """The forward pass as Newton iterations on the whole trajectory, each a parallel scan.
+
+    Use it as ``forward=bppsa.Newton()`` (or ``forward="newton"``) in :func:`bppsa.scan`,
+    :func:`bppsa.grad` or :func:`bppsa.value_and_grad`. The trajectory is certified: every
+    step's residual ``h_t - f(h_{t-1}, x_t)`` is within ``tol`` (elementwise, relative to
+    ``|f(h_{t-1}, x_t)|`` plus the mean size of that state component over the trajectory), and
+    when the iterations do not get there (an expansive or chaotic cell, a NaN), the steps after
+    the converged prefix are computed sequentially; the result is then as accurate as
+    ``lax.scan``'s. Gradients are the usual backward of the backward method on that trajectory
+    (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa._core.newton`.
+
+    Args:
+        max_iterations: iteration limit (``None``: ``min(50, max(1, T // (2 ceil(log2 T))))``,
+            beyond which Newton's critical path exceeds the sequential forward's).
+        tol: residual tolerance relative to the states (``None``: 64 x the dtype's epsilon).
+        quasi: use only the diagonals of the Jacobians (elementwise scans: cheaper iterations,
+            more of them).
+        callback: called as ``callback(info)`` with a :class:`NewtonInfo` of NumPy values every
+            time the forward runs (through ``jax.debug.callback``, so also under ``jax.jit``).
+
+    Example:
+        >>> w = 0.5 * jnp.eye(3)
+        >>> cell = lambda h, x: (jnp.tanh(w @ h + x), h)
+        >>> xs = jnp.ones((1000, 3))
+        >>> h, _ = bppsa.scan(cell, jnp.zeros(3), xs, forward=bppsa.Newton())
+        >>> h_ref, _ = jax.lax.scan(cell, jnp.zeros(3), xs)
+        >>> bool(jnp.allclose(h, h_ref, rtol=1e-6))
+        True
+    """
+
+    max_iterations: int | None = None
+    tol: float | None = None
+    quasi: bool = False
+    callback: Callable[[NewtonInfo], Any] | None = dataclasses.field(default=None, repr=False)
+    name: ClassVar[str] = "newton"
+
+    def __post_init__(self):
+        it = self.max_iterations
+        if it is not None and (isinstance(it, bool) or not isinstance(it, int) or it < 1):
+            raise ValueError(f"Newton: max_iterations must be a positive int or None, got {it!r}.")
+        tol = self.tol
+        if tol is not None and (isinstance(tol, bool) or not isinstance(tol, int | float)):
+            raise TypeError(f"Newton: tol must be a number or None, got {type(tol).__name__}.")
+        if tol is not None and not tol > 0:
+            raise ValueError(f"Newton: tol must be positive, got {tol!r}.")
+        if not isinstance(self.quasi, bool):
+            raise TypeError(f"Newton: quasi must be a bool, got {type(self.quasi).__name__}.")
+        if self.callback is not None and not callable(self.callback):
+            raise TypeError("Newton: callback must be callable or None.")
+
+    def iterations(self, length: int) -> int:
+        """The iteration limit for ``length`` steps."""
+        if self.max_iterations is not None:
+            return self.max_iterations
+        levels = 2 * max(1, math.ceil(math.log2(max(length, 2))))
+        return min(MAX_ITERATIONS, max(1, length // levels))
+
+    def tolerance(self, dtype) -> float:
+        return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
+
+    def __call__(self, problem, consts, init, xs, *, keep):
+        length, layout = problem.length, problem.layout
+        if not all(layout.float_mask):
+            raise TypeError(
+                "bppsa.scan: forward=Newton() solves for the carry as real numbers; this carry "
+                "has integer or boolean leaves. Use forward='sequential' (lax.scan)."
+            )
+        if length == 0 or not problem.differentiable_carry:
+            return run_sequentially(problem.body.step, consts, init, xs, length, keep)
+        states, info = self.solve(problem, consts, init, xs)
+        before = _before(layout, init, states)
+        (_, ys), _ = problem.all_steps()(consts, before, xs)
+        if self.callback is not None:
+            jax.debug.callback(self.callback, info)
+        carry = layout.unpack_into(states[-1], init)
+        return carry, ((ys, before) if keep else ys)
+
+    def solve(self, problem, consts, init, xs) -> tuple[jax.Array, NewtonInfo]:
+        """The certified trajectory: ``(states, info)``, ``states[t]`` the packed carry after
+        step ``t``, ``(T, *batch, n)``."""
+        layout, length = problem.layout, problem.length
+        all_steps = problem.all_steps()
+        h0 = layout.pack(init)
+        tol = self.tolerance(layout.dtype)
+        limit = self.iterations(length)
+
+        def evaluate(states):
+            before = _before(layout, init, states)
+            (after, _), jac_t = all_steps(consts, before, xs)
+            f = layout.pack(after, stacked=True)
+            scale = jnp.abs(f) + jnp.mean(jnp.abs(f), axis=0)
+            ratio = jnp.abs(states - f) / jnp.where(scale > 0, scale, 1.0)
+            ratio = jnp.where((states == f) & jnp.isfinite(f), 0.0, ratio)
+            ok = jnp.all(ratio <= tol, axis=tuple(range(1, ratio.ndim)))
+            prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
+            maps = jac_t.diagonal() if self.quasi else jac_t.transpose()
+            return f, maps, ok, prefix, ratio
+
+        def newton_step(states, f, maps):
+            before = jnp.concatenate([h0[None], states[:-1]], axis=0)
+            offsets = f - maps.apply(before)
+            return _algorithms.blelloch(h0, maps.flip(), offsets[::-1])[::-1][1:]
+
+        def cond(state):
+            return ~state[2]
+
+        def body(state):
+            k, states, _, last_prefix, _ = state
+            f, maps, ok, prefix, ratio = evaluate(states)
+            converged = prefix == length
+            stalled = prefix <= last_prefix
+            stop = converged | stalled | (k >= limit)
+            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps))
+            worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
+            return k + jnp.where(stop, 0, 1), states, stop, prefix, worst
+
+        guess = jnp.broadcast_to(h0, (length, *h0.shape))
+        start = (jnp.int32(0), guess, jnp.bool_(False), jnp.int32(-1), jnp.zeros((), h0.dtype))
+        k, states, _, prefix, worst = lax.while_loop(cond, body, start)
+        states = _continue_sequentially(problem, consts, init, xs, states, prefix)
+        info = NewtonInfo(
+            iterations=k,
+            converged=prefix == length,
+            prefix=prefix,
+            fallback_steps=length - prefix,
+            residual=worst,
+            length=jnp.int32(length),
+        )
+        return states, info
+
+
+def _before(layout, init, states):
+    """The carries entering every step, ``[h_0, states[:-1]]``, as a stacked carry pytree."""
+    h0 = layout.pack(init)
+    packed = jnp.concatenate([h0[None], states[:-1]], axis=0)
+    return layout.unpack(packed, init, stacked=True)  # every leaf is float (see Newton)
+
+
+def _continue_sequentially(problem, consts, init, xs, states, prefix):
+    """``states`` with the steps from ``prefix`` on computed by the step itself, one after the
+    other (none when ``prefix == T``)."""
+    layout, step = problem.layout, problem.body.step
+    h0 = layout.pack(init)
+
+    def cond(state):
+        return state[0] < problem.length
+
+    def body(state):
+        t, h, states = state
+        x = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, t, keepdims=False), xs)
+        new, *_ = step(layout.unpack_into(h, init), x, *consts)
+        h = layout.pack(new)
+        return t + 1, h, lax.dynamic_update_index_in_dim(states, h, t, axis=0)
+
+    h_start = jnp.where(prefix > 0, states[jnp.maximum(prefix - 1, 0)], h0)
+    _, _, states = lax.while_loop(cond, body, (prefix, h_start, states))
+    return states
