@@ -1,11 +1,12 @@
 """What a scan's backward pass is asked for, and how :func:`bppsa.grad`'s settings reach it.
 
 One frozen (hashable) :class:`Options` holds the method, the memory limit, the finiteness
-check and the forward pass. :func:`bppsa.grad` sets it for the scans traced inside it with :func:`ambient`, through a
-JAX configuration state that keys ``jax.jit``'s cache (see :mod:`bppsa._core.tracing`), so a
-``fun`` that was jitted before being passed to ``bppsa.grad`` is traced again for other options
-instead of silently reusing the trace of its first options. A scan's own arguments win over the
-ambient ones, and an inner ``bppsa.grad`` over an outer one, field by field.
+check and the forward pass. :func:`bppsa.grad` sets it for the scans traced inside it with
+:func:`ambient`, through a JAX configuration state that keys ``jax.jit``'s cache (see
+:mod:`bppsa._core.tracing`), so a ``fun`` that was jitted before being passed to ``bppsa.grad``
+is traced again for other options instead of silently reusing the trace of its first options.
+A scan's own arguments win over the ambient ones, and an inner ``bppsa.grad`` over an outer
+one, field by field.
 """
 
 from __future__ import annotations
