@@ -26,7 +26,6 @@ unconverged trajectory: at worst it is ``lax.scan``'s, after the iterations trie
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -43,9 +42,8 @@ from bppsa.scan import _algorithms
 # 0-4 eps; 64 eps leaves room for the rounding of long scans and stays far below what would be
 # visible against lax.scan (it is ~7.6e-6 in float32 and ~1.4e-14 in float64).
 TOL_EPS = 64.0
-# Default iteration limit: Newton's critical path is iterations x 2 log2(T) scan levels, so
-# beyond T / (2 log2 T) iterations it is longer than the sequential forward's T steps; and
-# MAX_ITERATIONS bounds it where contractive cells converge in far fewer (benchmarks/newton.py).
+# Default iteration limit: T iterations make every step exact in exact arithmetic, and
+# MAX_ITERATIONS bounds them where contractive cells converge in far fewer (benchmarks/newton.py).
 MAX_ITERATIONS = 50
 
 
@@ -84,8 +82,8 @@ class Newton(Forward):
     (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa._core.newton`.
 
     Args:
-        max_iterations: iteration limit (``None``: ``min(50, max(1, T // (2 ceil(log2 T))))``,
-            beyond which Newton's critical path exceeds the sequential forward's).
+        max_iterations: iteration limit (``None``: ``min(50, T)``; ``T`` iterations make every
+            step exact in exact arithmetic).
         tol: residual tolerance relative to the states (``None``: 64 x the dtype's epsilon).
         quasi: use only the diagonals of the Jacobians (elementwise scans: cheaper iterations,
             more of them).
@@ -126,8 +124,7 @@ class Newton(Forward):
         """The iteration limit for ``length`` steps."""
         if self.max_iterations is not None:
             return self.max_iterations
-        levels = 2 * max(1, math.ceil(math.log2(max(length, 2))))
-        return min(MAX_ITERATIONS, max(1, length // levels))
+        return max(1, min(MAX_ITERATIONS, length))
 
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
