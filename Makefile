@@ -1,10 +1,11 @@
-# The two set-up-and-run commands of the README: `make demo` and `make test`.
+# The set-up-and-run commands of the README, `make demo` and `make test`, and `make docs`.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test lint format clean
+.PHONY: demo test docs lint format clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -12,6 +13,10 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+$(DOCS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[docs]"
 	touch $@
 
 # The main job: trains the paper's RNN with BP and BPPSA on the built-in synthetic data (quick
@@ -23,6 +28,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
+# The HTML reference of the public API (from the docstrings) and the README's usage sections, in
+# docs/_build/html/index.html; warnings are errors (tests/test_docs.py builds the same).
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -32,4 +42,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache docs/_build

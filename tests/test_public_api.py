@@ -85,3 +85,10 @@ def test_importing_bppsa_needs_no_plotting_or_progress_bars():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_package_ships_py_typed():
+    """PEP 561: the marker makes type checkers read the annotations of the public API."""
+    import pathlib
+
+    assert (pathlib.Path(bppsa.__file__).parent / "py.typed").is_file()

@@ -1,5 +1,12 @@
 """Builders of transposed Jacobians: dense and structured for the recurrent cells, sparse with
-static patterns for the layers of feed-forward networks."""
+static patterns for the layers of feed-forward networks.
+
+Your own cell gets an analytic Jacobian the same way the cells of :mod:`bppsa.models` do: decorate
+it with :func:`transposed_jacobian` and a builder that returns one step's ``J^T`` as a
+:class:`bppsa.scan.Dense` matrix or a :class:`bppsa.scan.Structured` map
+(``u @ diag(d) @ [I; ...; I] + diag(e)``); :func:`has_analytic_jacobian` says whether a scan's
+body will use it, and :class:`AnalyticJacobianWarning` why one was not used.
+"""
 
 from bppsa._core.body import has_analytic_jacobian
 from bppsa._core.capture import AnalyticJacobianWarning, transposed_jacobian

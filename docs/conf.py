@@ -1,0 +1,75 @@
+"""Sphinx configuration of bppsa's documentation: the README as the usage page, then the API
+reference generated from the docstrings (Google style) of what each package's ``__all__``
+exports. Built by ``make docs`` and by tests/test_docs.py, with warnings as errors."""
+
+import inspect
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bppsa from this checkout
+
+import bppsa
+
+project = "bppsa"
+author = "bppsa contributors"
+release = bppsa.__version__
+
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "myst_parser"]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+exclude_patterns = ["_build"]
+html_theme = "alabaster"
+
+# ``:members:`` follows each module's ``__all__``, in its order: a name added there is documented
+# without editing the docs. Members not in ``__all__`` (private modules) stay out.
+autodoc_default_options = {"members": True, "member-order": "bysource"}
+
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# "Attributes:" sections as fields of their class: as ``.. attribute::`` entries they would
+# duplicate the fields autodoc documents itself (NamedTuple and dataclass fields).
+napoleon_use_ivar = True
+
+# One page per public module, docs/api/<module>.rst. A package re-exports some names of its
+# subpackages (``bppsa`` the methods of ``bppsa.scan``, ``bppsa.data`` the ``ImageSet`` of
+# ``bppsa.data.cifar10``): each object is documented once, under its shortest public name, so a
+# module's page skips what a package above it exports (documenting it twice would register the
+# class's private canonical name twice: a "duplicate object description" warning).
+API_PAGES = "api/"
+
+
+def _exported_above(module, name, obj):
+    parts = module.split(".")
+    for i in range(1, len(parts)):
+        package = sys.modules.get(".".join(parts[:i]))
+        if name in getattr(package, "__all__", ()) and getattr(package, name, None) is obj:
+            return True
+    return False
+
+
+def _skip_member(app, what, name, obj, skip, options):
+    page = app.env.docname
+    if (
+        what == "module"
+        and page.startswith(API_PAGES)
+        and _exported_above(page.removeprefix(API_PAGES), name, obj)
+    ):
+        return True
+    # A NamedTuple's fields ("Alias for field number i"): the class's "Attributes:" section
+    # describes them.
+    if what == "class" and (getattr(obj, "__doc__", None) or "").startswith("Alias for field"):
+        return True
+    return None
+
+
+def _callable_module_docstring(app, what, name, obj, options, lines):
+    """``bppsa.scan`` is a module that can be called: as a function, it is documented with the
+    docstring of its ``__call__`` (the module's own docstring is that of the subpackage)."""
+    if what == "function" and isinstance(obj, types.ModuleType):
+        lines[:] = [*inspect.cleandoc(type(obj).__call__.__doc__).splitlines(), ""]
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_member)
+    # Before napoleon's handler (priority 500) turns the Google-style sections into fields.
+    app.connect("autodoc-process-docstring", _callable_module_docstring, priority=400)
