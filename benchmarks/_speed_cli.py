@@ -11,7 +11,8 @@ import json
 import pathlib
 
 import bppsa
-from bppsa.scan import resolve
+from experiments import _methods
+from results_io import methods as method_names
 
 CELL_NAMES = ("rnn", "gru")
 SWEEPS = ("t_sweep", "b_sweep", "h_sweep")
@@ -26,6 +27,16 @@ DRY_RUN.update(t_batch=2, b_length=5, h_length=5, hidden=2, repeats=1)
 MIN_ROUNDS = 2  # timed rounds a row gets even past --row-seconds (fewer only if --repeats is)
 MESSAGE_CHARS = 2000  # of an exception's text kept in the JSON (XLA's can hold whole programs)
 UNFINISHED = "the process ended (time-out or crash) while this row was being measured"
+# The names --methods takes (results_io.methods); the baseline, BP, is always measured.
+METHOD_FORMS = (
+    method_names.AUTO,
+    method_names.BLELLOCH,
+    method_names.CHUNKED,
+    method_names.CHUNKED_CHUNKS,
+    method_names.CHUNKED_BLOCKED,
+    method_names.SEQUENTIAL,
+    method_names.SEQUENTIAL_JACOBIANS,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +69,13 @@ def plan(args: argparse.Namespace) -> list[Config]:
 
 
 def parse_method(name: str) -> bppsa.Method:
-    """``blelloch``, ``auto``, ``sequential-jacobians``, ``chunked``, ``chunked-C`` or
-    ``chunked-C-bK`` (C chunks in time blocks of K steps)."""
-    if name.startswith("chunked-"):
-        parts = name.split("-")[1:]
-        method = bppsa.Chunked(int(parts[0]))
-        return bppsa.Blocked(method, int(parts[1][1:])) if len(parts) > 1 else method
-    if name == "sequential-jacobians":
-        return bppsa.Sequential(jacobians=True)
-    return resolve(name)
+    """``auto``, ``blelloch``, ``chunked``, ``chunked-C``, ``chunked-C-bK`` (C chunks in time
+    blocks of K steps), ``sequential`` or ``sequential-jacobians``.
+
+    Raises:
+        ValueError: for another name, listing these.
+    """
+    return _methods.parse_method(name, METHOD_FORMS)
 
 
 def write_atomically(path: pathlib.Path, payload) -> None:
@@ -98,7 +107,11 @@ def parse_args(argv, description: str = "") -> argparse.Namespace:
     add("--quick", action="store_true", help="small grids (a few minutes)")
     add("--cells", nargs="+", default=["rnn", "gru"], choices=list(CELL_NAMES))
     add("--hidden", type=int, default=20, help="H of the T and B sweeps (20)")
-    add("--methods", nargs="+", default=["auto", "blelloch", "chunked"])
+    add(
+        "--methods",
+        nargs="+",
+        default=[method_names.AUTO, method_names.BLELLOCH, method_names.CHUNKED],
+    )
     add("--lengths", type=int, nargs="*", help="T sweep (at --t-batch); empty: no T sweep")
     add("--batches", type=int, nargs="*", help="B sweep (at --b-length); empty: no B sweep")
     add("--t-batch", type=int, default=16, help="B of the T sweep (16)")
@@ -136,7 +149,7 @@ def parse_args(argv, description: str = "") -> argparse.Namespace:
     for name in args.methods:
         try:
             parse_method(name)
-        except (ValueError, TypeError, IndexError) as error:
+        except ValueError as error:
             parser.error(f"--methods: {name!r}: {error}")
     if args.dry_run:
         for name, tiny in DRY_RUN.items():

@@ -54,13 +54,18 @@ import optax
 import bppsa
 from bppsa.jacobians import gru_jacobian_t, rnn_jacobian_t, transposed_jacobian
 from bppsa.models import GRU, RNN, SequenceClassifier
+from experiments import _methods
+from results_io import methods as method_names
 
 LENGTHS = (10, 30, 100, 300, 1000, 3000, 10_000, 30_000)
 QUICK_LENGTHS = (10, 100, 1000)
 BATCH, HIDDEN, CLASSES = 16, 20, 10
 CELLS = {"rnn": (RNN(), rnn_jacobian_t), "gru": (GRU(), gru_jacobian_t)}
 GAINS = {"contractive": {"rnn": 0.9, "gru": 0.9}, "expansive": {"rnn": 1.25, "gru": 3.0}}
-METHODS = {"blelloch": bppsa.Blelloch(), "chunked": bppsa.Chunked(), "auto": bppsa.Auto()}
+METHODS = {
+    name: _methods.parse_method(name, method_names.FORMS)
+    for name in (method_names.BLELLOCH, method_names.CHUNKED, method_names.AUTO)
+}
 RESULTS = pathlib.Path(__file__).parent / "results"
 
 
@@ -194,8 +199,8 @@ def measure(cell_name: str, regime: str, length: int, batch: int, seed: int = 0)
         reference, pinned = jax.tree.map(np.asarray, (reference, pinned))
     if not all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(reference)):
         raise FloatingPointError(f"the float64 reference overflowed ({cell_name}, T={length})")
-    end_to_end["bp"] = per_example_grads(bp_loss, cell)(params, xs, labels)
-    backward_only["bp"] = per_example_grads(pinned_loss, cell, builder, None)(
+    end_to_end[method_names.BP] = per_example_grads(bp_loss, cell)(params, xs, labels)
+    backward_only[method_names.BP] = per_example_grads(pinned_loss, cell, builder, None)(
         params, xs, labels, states
     )
     for name, method in METHODS.items():
@@ -245,9 +250,9 @@ def fmt(error: float | None) -> str:
 
 
 def print_row(row: dict) -> None:
-    names = ["bp", *METHODS]
-    e2e = " ".join(fmt(row["end_to_end"][n]["median"]) for n in names)
-    bwd = " ".join(fmt(row["backward_only"][n]["median"]) for n in names)
+    methods = [method_names.BP, *METHODS]
+    e2e = " ".join(fmt(row["end_to_end"][n]["median"]) for n in methods)
+    bwd = " ".join(fmt(row["backward_only"][n]["median"]) for n in methods)
     print(
         f"{row['cell']:<3} {row['regime']:<11} T={row['length']:<6} |g|={row['grad_norm']:8.1e}"
         f"  end-to-end {e2e}  backward-only {bwd}  ({row['seconds']:.0f} s)",
@@ -283,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         rows=[],
     )
-    print(f"errors of: {', '.join(['bp', *METHODS])}; writing {out}")
+    print(f"errors of: {', '.join([method_names.BP, *METHODS])}; writing {out}")
     with jax.default_matmul_precision("highest"):
         for cell_name in CELLS:
             for regime in GAINS:

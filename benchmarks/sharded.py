@@ -36,12 +36,14 @@ import subprocess
 import sys
 import time
 
+from results_io import methods as method_names
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def critical_path(method: str, length: int, devices: int) -> int:
     """Dependent steps of the backward (the forward adds ``T`` to every method)."""
-    if method == "bp":
+    if method == method_names.BP:
         return length
     if devices == 1:  # no aggregate, no exchange: the local scan alone
         return length
@@ -54,7 +56,7 @@ def critical_path(method: str, length: int, devices: int) -> int:
 def exchange_bytes(method: str, devices: int, batch: int, hidden: int, itemsize: int = 4) -> int:
     """Bytes one device receives in the exchange of the slice aggregates."""
     aggregate = batch * (hidden * hidden + hidden) * itemsize
-    if method == "bp" or devices == 1:
+    if method == method_names.BP or devices == 1:
         return 0
     if method == "all_gather":
         return (devices - 1) * aggregate
@@ -101,7 +103,7 @@ def worker(args) -> None:
         xs = (jax.random.uniform(jax.random.key(2), (args.batch, length, 1)) < 0.3).astype(
             jnp.float32
         )
-        fns = {"forward": jax.jit(batched), "bp": jax.jit(jax.grad(batched))}
+        fns = {"forward": jax.jit(batched), method_names.BP: jax.jit(jax.grad(batched))}
         for name, method in methods.items():
             fns[name] = jax.jit(bppsa.grad(per_example, method=method))
             forward_only = functools.partial(per_example, scan_options=dict(method=method))
@@ -116,9 +118,13 @@ def worker(args) -> None:
                 jax.block_until_ready(fn(params, xs))
                 times[name].append(time.perf_counter() - start)
         row = dict(devices=devices, length=length, batch=args.batch, hidden=hidden, methods={})
-        exchange = {"bp": "bp", "all_gather": "all_gather", "ppermute": "ppermute"}
+        exchange = {
+            method_names.BP: method_names.BP,
+            "all_gather": "all_gather",
+            "ppermute": "ppermute",
+        }
         exchange["pipelined"] = "all_gather"
-        for name in ("bp", *methods):
+        for name in (method_names.BP, *methods):
             own_forward = times.get(f"{name}/forward", times["forward"])
             memory = compiled[name].memory_analysis()
             hlo = compiled[name].as_text()

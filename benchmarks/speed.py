@@ -63,8 +63,10 @@ from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's 
 from benchmarks._speed_cli import parse_args as _parse_args
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
+from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
+BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured
 
 
 def problem(cell, length, batch, hidden, seed=0):
@@ -198,7 +200,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
         row["compile_s"][name] = time.perf_counter() - start
         return compiled
 
-    fns = {"forward": compile_(batched, "forward"), "bp": compile_(jax.grad(batched), "bp")}
+    fns = {"forward": compile_(batched, "forward"), BP: compile_(jax.grad(batched), BP)}
     by_runs, runs_of = {}, {}  # compilations by the method that runs; what each name runs
     for name, method in methods.items():
         entry = row["methods"][name]
@@ -223,7 +225,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
         try:
             jax.block_until_ready(fns[name](*args))
         except Exception as error:
-            if name in ("forward", "bp"):
+            if name in ("forward", BP):
                 raise
             row["methods"][name].update(status="error", error=describe(error))
             del fns[name]
@@ -242,9 +244,9 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
         spent = time.perf_counter() - started
         if seconds is not None and rounds >= MIN_ROUNDS and spent * (rounds + 1) / rounds > seconds:
             break
-    forward, bp = (statistics.median(times[name]) for name in ("forward", "bp"))
+    forward, bp = (statistics.median(times[name]) for name in ("forward", BP))
     row.update(forward_ms=1e3 * forward, bp_total_ms=1e3 * bp, bp_backward_ms=1e3 * (bp - forward))
-    row["bp_peak_bytes"] = peak_bytes(fns["bp"])
+    row["bp_peak_bytes"] = peak_bytes(fns[BP])
     for name in methods:
         if name not in fns:
             continue
@@ -272,7 +274,7 @@ def print_row(row):
         if m["status"] != "ok":
             parts.append(f"{name}: {m['status']} ({m['error'][:80]})")
             continue
-        runs = f" [{m['runs']}]" if name == "auto" else ""
+        runs = f" [{m['runs']}]" if name == method_names.AUTO else ""
         parts.append(
             f"{name}: bwd {m['backward_ms']:7.2f} ms x{m['backward_speedup']:5.2f} "
             f"(overall x{m['overall_speedup']:4.2f}){runs}"

@@ -40,8 +40,9 @@ import bppsa
 from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
 from experiments import _timing
-from experiments._records import JsonLines, resume_points
+from experiments._records import resume_points
 from experiments._timing import timed
+from results_io import JsonLines
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 PHASES = ("forward", "forward_jacobians", "bp", "bppsa")

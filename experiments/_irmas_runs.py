@@ -21,6 +21,7 @@ from experiments import _irmas_breakdown, _methods
 from experiments._irmas_data import Clips
 from experiments._records import ResultsFolderError
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
+from results_io import methods as method_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +161,7 @@ def breakdown(
     hidden: int = 20,
     seed: int = 0,
     repeats: int = 20,
-    method: str = "bppsa",
+    method: str = method_names.BPPSA,
     overwrite: bool = False,
     progress: bool | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,

@@ -1,41 +1,65 @@
-"""The backward methods an experiment can be asked for by name on its command line.
+"""The backward method of each name of :mod:`results_io.methods`: the one place where a name
+becomes a ``bppsa`` method object.
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
 differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: on
 accelerators the fastest of BP, Blelloch and Chunked by its cost model, on CPUs a time-blocked
 Jacobian-based sequential scan, or there plain back-propagation for large batches); the other
-names pick a method explicitly. Names are resolved here only.
+names pick a method explicitly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import bppsa
+from results_io import methods as method_names
 
-BASELINE = "bp"
-NAMES = ("bp", "bppsa", "blelloch", "chunked", "chunked-C (C chunks)", "sequential-jacobians")
+# The names the experiments take for a scan over time, and for a chain of layers.
+OVER_TIME = (
+    method_names.BP,
+    method_names.BPPSA,
+    method_names.BLELLOCH,
+    method_names.CHUNKED,
+    method_names.CHUNKED_CHUNKS,
+    method_names.SEQUENTIAL_JACOBIANS,
+)
+OVER_LAYERS = (
+    method_names.BP,
+    method_names.BPPSA,
+    method_names.BLELLOCH,
+    method_names.BLELLOCH_LEVELS,
+    method_names.SEQUENTIAL_JACOBIANS,
+)
 
 
-def parse_method(name: str) -> bppsa.Method:
-    """The method object of a command-line name.
+def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method:
+    """The method object of a name of one of ``forms``.
 
     Raises:
-        ValueError: for an unknown name, listing the valid ones.
+        ValueError: for another name, listing the valid ones.
     """
-    if name == "bp":
+    return build(method_names.parse(name, forms))
+
+
+def build(name: method_names.Name) -> bppsa.Method:
+    """The method object of a parsed name."""
+    if name.form in (method_names.BP, method_names.SEQUENTIAL):
         return bppsa.Sequential()
-    if name == "bppsa":
+    if name.form in (method_names.BPPSA, method_names.AUTO):
         return bppsa.Auto()
-    if name == "blelloch":
-        return bppsa.Blelloch()
-    if name == "sequential-jacobians":
+    if name.form == method_names.SEQUENTIAL_JACOBIANS:
         return bppsa.Sequential(jacobians=True)
-    if name == "chunked":
-        return bppsa.Chunked()
-    if name.startswith("chunked-"):
-        chunks = name.removeprefix("chunked-")
-        if chunks.isdigit() and int(chunks) > 0:
-            return bppsa.Chunked(int(chunks))
-    raise ValueError(f"method {name!r} is not known; expected one of: {', '.join(NAMES)}.")
+    if name.form in (method_names.BLELLOCH, method_names.BLELLOCH_LEVELS):
+        return bppsa.Blelloch(levels=name.levels)
+    if name.form in (
+        method_names.CHUNKED,
+        method_names.CHUNKED_CHUNKS,
+        method_names.CHUNKED_BLOCKED,
+    ):
+        chunked = bppsa.Chunked(name.chunks)
+        return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
+    raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")
 
 
 def describe(

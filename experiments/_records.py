@@ -1,8 +1,9 @@
-"""Result files that survive a crash: run metadata, JSON-lines logs appended one whole line at a
-time, JSON files and checkpoints replaced atomically.
+"""What the experiments record beside their result rows: run metadata, checkpoints replaced
+atomically, and resumable sweeps of points over a JSON-lines log.
 
-Every experiment writes through this module, so that an interrupted run leaves only complete
-records behind and can resume where its last checkpoint stands.
+The result files themselves (JSON-lines logs, JSON files) are written and read through
+:mod:`results_io`, so that an interrupted run leaves only complete records behind and can resume
+where its last checkpoint stands.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from results_io import JsonLines
 
 PACKAGES = ("bppsa", "jax", "jaxlib", "numpy", "optax")
 
@@ -54,74 +57,6 @@ def run_metadata(config: dict[str, Any]) -> dict[str, Any]:
         started=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         argv=sys.argv,
     )
-
-
-def _replace(path: pathlib.Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: str | os.PathLike, payload: Any) -> None:
-    """Writes ``payload`` as JSON, replacing ``path`` atomically (never a half-written file)."""
-    _replace(pathlib.Path(path), json.dumps(payload, indent=2).encode())
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    return json.loads(pathlib.Path(path).read_text())
-
-
-class JsonLines:
-    """A JSON-lines log. ``append`` writes one whole line with a single ``write`` to a file
-    opened for appending, then syncs it; ``read`` ignores a torn last line left by a crash."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = pathlib.Path(path)
-
-    def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        rows = []
-        for line in self.path.read_bytes().split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-        return rows
-
-    def append(self, row: dict[str, Any]) -> None:
-        self.extend([row])
-
-    def extend(self, rows: Iterable[dict[str, Any]]) -> None:
-        data = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
-        if not data:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size and not self._ends_with_newline():
-                data = b"\n" + data  # leave a torn line on its own line
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def keep(self, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
-        """Atomically rewrites the log with only the rows for which ``predicate`` holds."""
-        rows = [row for row in self.read() if predicate(row)]
-        _replace(self.path, b"".join(json.dumps(row).encode() + b"\n" for row in rows))
-        return rows
-
-    def _ends_with_newline(self) -> bool:
-        with open(self.path, "rb") as f:
-            f.seek(-1, os.SEEK_END)
-            return f.read(1) == b"\n"
 
 
 def save_checkpoint(path: str | os.PathLike, tree: Any, **extra: Any) -> None:

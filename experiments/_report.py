@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments._training import step_rows
+from results_io import methods as method_names
 
 
 def loss_differences(
-    runs: Mapping[str, list[dict[str, Any]]], baseline: str = "bp"
+    runs: Mapping[str, list[dict[str, Any]]], baseline: str = method_names.BASELINE
 ) -> dict[str, float]:
     """Max over common iterations of ``|loss - loss_baseline| / |loss_baseline|`` per method."""
     if baseline not in runs:
@@ -29,7 +30,7 @@ def loss_differences(
 
 
 def loss_table(
-    runs: Mapping[str, list[dict[str, Any]]], baseline: str = "bp", shown: int = 8
+    runs: Mapping[str, list[dict[str, Any]]], baseline: str = method_names.BASELINE, shown: int = 8
 ) -> str:
     """Losses of every method at ``shown`` iterations spread over the run, and their largest
     relative difference from the baseline over ALL iterations."""
@@ -50,7 +51,7 @@ def loss_table(
     return "\n".join(lines)
 
 
-def timing_table(comparison: Mapping[str, Any], baseline: str = "bp") -> str:
+def timing_table(comparison: Mapping[str, Any], baseline: str = method_names.BASELINE) -> str:
     """Median per-iteration times (ms) and speedups of :func:`experiments._sweep.compare`."""
     forward = comparison["forward_s"]
     lines = [
@@ -66,7 +67,7 @@ def timing_table(comparison: Mapping[str, Any], baseline: str = "bp") -> str:
     return "\n".join(lines)
 
 
-def sweep_table(points: Sequence[Mapping[str, Any]], baseline: str = "bp") -> str:
+def sweep_table(points: Sequence[Mapping[str, Any]], baseline: str = method_names.BASELINE) -> str:
     """One line per point and method: times (ms) and speedups over ``baseline``."""
     lines = [
         f"{'sweep':<5} {'T':>6} {'B':>4} {'method':<9} {'fwd ms':>8} {'BP step':>9} "

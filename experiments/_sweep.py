@@ -23,8 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from experiments import _timing
-from experiments._records import JsonLines, resume_points
+from experiments._records import resume_points
 from experiments._training import Trainer, run_together, step_rows
+from results_io import JsonLines
+from results_io import methods as method_names
 
 SWEEP_LOG = "sweep.jsonl"
 
@@ -41,7 +43,7 @@ def summarize(rows: Iterable[dict[str, Any]], skip: int = 0) -> dict[str, Any]:
 
 
 def compare(
-    runs: Mapping[str, list[dict[str, Any]]], baseline: str = "bp", skip: int = 0
+    runs: Mapping[str, list[dict[str, Any]]], baseline: str = method_names.BASELINE, skip: int = 0
 ) -> dict[str, Any]:
     """Per-method times and speedups over ``baseline`` from the logs ``runs[method]``.
 
@@ -83,7 +85,7 @@ def run_sweep(
     out_dir: str | pathlib.Path,
     config: dict[str, Any],
     *,
-    baseline: str = "bp",
+    baseline: str = method_names.BASELINE,
     skip: int = 1,
     chunk: int = 10,
     on_point: Callable[[dict[str, Any]], None] | None = None,

@@ -43,14 +43,9 @@ from tqdm.auto import tqdm
 
 import bppsa
 from experiments import _methods
-from experiments._records import (
-    JsonLines,
-    config_mismatch,
-    load_checkpoint,
-    run_metadata,
-    save_checkpoint,
-)
+from experiments._records import config_mismatch, load_checkpoint, run_metadata, save_checkpoint
 from experiments._timing import timed
+from results_io import JsonLines
 
 Batch = tuple[Any, ...]
 METRICS = "metrics.jsonl"

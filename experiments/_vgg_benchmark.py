@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import bppsa
 from experiments import _timing, _vgg_model
 from experiments._timing import timed
+from results_io import methods as method_names
 
 _DIGITS = 7
 REWARM_BELOW_S = 0.5  # functions faster than this get an untimed call before each timed one
@@ -126,7 +127,7 @@ def measure(
             backward_min_s=_round(grad_min - fwd_min),
             quartiles=_timing.quartiles(times[name], _DIGITS),
         )
-    base = entries.get(_vgg_model.BASELINE, {})
+    base = entries.get(method_names.BASELINE, {})
     for entry in entries.values():
         for suffix in ("", "_min"):
             ratio = _ratio(entry.get(f"backward{suffix}_s"), base.get(f"backward{suffix}_s"))
@@ -152,7 +153,7 @@ def _memory(compiled) -> dict[str, int] | None:
 
 
 def _agreement(entries: dict[str, dict], grads: dict[str, Any]) -> None:
-    reference = grads.get(_vgg_model.BASELINE)
+    reference = grads.get(method_names.BASELINE)
     if reference is None:
         return
     ref_leaves = jax.tree.leaves(reference)
@@ -165,7 +166,7 @@ def _agreement(entries: dict[str, dict], grads: dict[str, Any]) -> None:
         entries[name]["max_grad_diff_relative"] = diff / scale if scale else diff
 
 
-def crossover(rows: Sequence[dict[str, Any]], method: str = _vgg_model.SPARSE_CHAIN):
+def crossover(rows: Sequence[dict[str, Any]], method: str = method_names.SEQUENTIAL_JACOBIANS):
     """Where ``method``'s backward beats dense BP (``speedup > 1``, from the medians) and where
     it stops paying: per sparsity the largest batch it still wins at, per batch the lowest
     sparsity; plus a sentence."""
@@ -225,7 +226,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
         for name, m in row["methods"].items():
             peak = (m.get("memory") or {}).get("peak")
             note = m.get("skipped", "")
-            if m.get("max_grad_diff_relative") is not None and name != _vgg_model.BASELINE:
+            if m.get("max_grad_diff_relative") is not None and name != method_names.BASELINE:
                 note = note or f"grads vs BP {m['max_grad_diff_relative']:.1e}"
             lines.append(
                 f"{point['sparsity']:>8g} {point['batch']:>3} {name:<22} "
@@ -290,7 +291,8 @@ def run(
     from tqdm.auto import tqdm
 
     from bppsa.models import sparsity_of
-    from experiments._records import JsonLines, resume_points, run_metadata, write_json
+    from experiments._records import resume_points, run_metadata
+    from results_io import JsonLines, write_json
 
     out_dir = pathlib.Path(out_dir)
     log = JsonLines(out_dir / POINTS)
@@ -323,7 +325,9 @@ def run(
     result = dict(
         metadata=run_metadata(config),
         points=rows,
-        crossover={name: crossover(rows, name) for name in methods if name != _vgg_model.BASELINE},
+        crossover={
+            name: crossover(rows, name) for name in methods if name != method_names.BASELINE
+        },
     )
     write_json(out_dir / RESULT, result)
     return result

@@ -8,9 +8,11 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from experiments import _cli, _vgg_jacobians, _vgg_model
+from experiments import _cli, _methods, _vgg_jacobians, _vgg_model
+from results_io import methods as method_names
 
 DEFAULT_OUT = pathlib.Path("results/pruned_vgg11")
+COMMANDS = ("analyze", "jacobians", "benchmark", "retrain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,13 +62,6 @@ def presets() -> dict[str, Preset]:
 # ----------------------------------------------------------------------------- arguments
 
 
-def _fraction(text: str) -> float:
-    value = _cli.positive_float(text) if text.strip() not in ("0", "0.0") else 0.0
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return value
-
-
 def _input_size(text: str) -> int:
     value = _cli.positive_int(text)
     if value not in _vgg_model.INPUT_SIZES:
@@ -94,32 +89,15 @@ def _levels(text: str) -> int | None:
         ) from None
 
 
-def _method(text: str) -> str:
-    try:
-        _vgg_model.parse_method(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def parser(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.pruned_vgg11",
-        description=description,
-        epilog="Run '<command> --help' for a command's options.",
-    )
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{analyze,jacobians,benchmark,retrain}"
-    )
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m experiments.pruned_vgg11``, described by ``doc``'s first
+    paragraph."""
+    parser = _cli.parser("experiments.pruned_vgg11", doc)
+    commands = _cli.add_commands(parser, COMMANDS)
     common = argparse.ArgumentParser(add_help=False)
-    size = common.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small configuration (default)")
-    size.add_argument("--paper", action="store_true", help="the paper's sizes (32x32)")
+    _cli.add_configuration(common, paper="the paper's sizes (32x32)")
     common.add_argument("--seed", type=_cli.non_negative_int, default=0, help="seed (default 0)")
-    common.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
-    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
-    common.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _cli.add_results(common, DEFAULT_OUT)
     net = argparse.ArgumentParser(add_help=False)
     net.add_argument(
         "--input-size",
@@ -144,7 +122,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     a = commands.add_parser(
         "analyze", parents=[common, net, pruned], help="FLOPs of the scan's products (Fig. 10)"
     )
-    a.add_argument("--sparsity", type=_fraction, default=0.97, help="pruned fraction (0.97)")
+    a.add_argument(
+        "--sparsity", type=_cli.fraction_or_zero, default=0.97, help="pruned fraction (0.97)"
+    )
     a.add_argument("--levels", type=_levels, nargs="+", help="parallel levels of each scan (2 all)")
     a.add_argument("--batch", type=_cli.positive_int, default=1, help="examples B (1)")
 
@@ -165,7 +145,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     b = commands.add_parser(
         "benchmark", parents=[common, net, pruned], help="measured backward and memory"
     )
-    b.add_argument("--sparsities", type=_fraction, nargs="+", help="pruned fractions")
+    b.add_argument("--sparsities", type=_cli.fraction_or_zero, nargs="+", help="pruned fractions")
     b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes")
     b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
     b.add_argument(
@@ -174,14 +154,16 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="memory the backward may use (default: the device's available memory); a method "
         "over it is recorded as skipped",
     )
-    b.add_argument(
-        "--methods",
-        "--method",
-        dest="methods",
-        nargs="+",
-        type=_method,
-        default=["bp", "bppsa", "blelloch-2", "blelloch", "sequential-jacobians"],
-        metavar="NAME",
+    _cli.add_methods(
+        b,
+        [
+            method_names.BP,
+            method_names.BPPSA,
+            "blelloch-2",
+            method_names.BLELLOCH,
+            method_names.SEQUENTIAL_JACOBIANS,
+        ],
+        forms=_methods.OVER_LAYERS,
         help="bp (dense JAX backward), bppsa (Auto), blelloch, blelloch-K (K parallel levels), "
         "sequential-jacobians (the sparse chain); default: all of them with K = 2",
     )
@@ -197,21 +179,17 @@ def parser(description: str) -> argparse.ArgumentParser:
         "fixture (SYNTHETIC, written under --root; for tests)",
     )
     r.add_argument("--root", type=pathlib.Path, help="CIFAR-10 folder (or the fixture's)")
-    r.add_argument("--sparsity", type=_fraction, help="pruned fraction (0.97)")
+    r.add_argument("--sparsity", type=_cli.fraction_or_zero, help="pruned fraction (0.97)")
     r.add_argument("--batch", type=_cli.positive_int, help="batch size (16)")
     r.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (1e-3)")
     r.add_argument(
         "--pretrain-iterations", type=_cli.positive_int, help="dense iterations before pruning"
     )
     r.add_argument("--iterations", type=_cli.positive_int, help="re-training iterations")
-    r.add_argument(
-        "--methods",
-        "--method",
-        dest="methods",
-        nargs="+",
-        type=_method,
-        default=["bp", "sequential-jacobians", "blelloch-2"],
-        metavar="NAME",
+    _cli.add_methods(
+        r,
+        [method_names.BP, method_names.SEQUENTIAL_JACOBIANS, "blelloch-2"],
+        forms=_methods.OVER_LAYERS,
         help="as for benchmark (default: bp sequential-jacobians blelloch-2)",
     )
     r.add_argument(

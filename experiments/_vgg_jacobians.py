@@ -239,7 +239,8 @@ def run(
 
     from tqdm.auto import tqdm
 
-    from experiments._records import JsonLines, resume_points
+    from experiments._records import resume_points
+    from results_io import JsonLines
 
     log = JsonLines(pathlib.Path(out_dir) / POINTS)
     if overwrite:

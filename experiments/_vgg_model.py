@@ -29,31 +29,18 @@ NUM_CLASSES = 10
 DATA = ("digits", "cifar10", "fixture")
 SCOPES = ("layer", "global")
 
-# Backward methods over the layers, by command-line name.
-METHOD_NAMES = ("bp", "bppsa", "blelloch", "blelloch-K", "sequential-jacobians")
-BASELINE = "bp"
-SPARSE_CHAIN = "sequential-jacobians"
-
 
 def parse_method(name: str) -> bppsa.Method:
-    """The method object of a name: ``bp`` (``Sequential()``: JAX's dense backward),
-    ``bppsa`` (``Auto()``), ``blelloch`` (the full modified Blelloch scan over the layers),
-    ``blelloch-K`` (``Blelloch(levels=K)``: K parallel levels, a linear scan between) and
-    ``sequential-jacobians`` (``Sequential(jacobians=True)``: the sequential sparse chain).
+    """The method object of a name of :data:`experiments._methods.OVER_LAYERS`: ``bp``
+    (``Sequential()``: JAX's dense backward), ``bppsa`` (``Auto()``), ``blelloch`` (the full
+    modified Blelloch scan over the layers), ``blelloch-K`` (``Blelloch(levels=K)``: K parallel
+    levels, a linear scan between) and ``sequential-jacobians`` (``Sequential(jacobians=True)``:
+    the sequential sparse chain).
 
     Raises:
         ValueError: an unknown name, or a method that has no backward over layers.
     """
-    if name.startswith("blelloch-"):
-        levels = name.removeprefix("blelloch-")
-        if levels.isdigit():
-            return bppsa.Blelloch(levels=int(levels))
-    elif name in ("bp", "bppsa", "blelloch", "sequential-jacobians"):
-        return _methods.parse_method(name)
-    raise ValueError(
-        f"method {name!r} is not known for a chain of layers; expected one of: "
-        f"{', '.join(METHOD_NAMES)} (K a number of levels, e.g. blelloch-2)."
-    )
+    return _methods.parse_method(name, _methods.OVER_LAYERS)
 
 
 def describe(name: str) -> str:

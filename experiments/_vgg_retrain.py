@@ -29,9 +29,11 @@ import optax
 import bppsa
 from bppsa.models import sparsity_of
 from experiments import _report, _vgg_model
-from experiments._records import load_checkpoint, read_json, save_checkpoint, write_json
+from experiments._records import load_checkpoint, save_checkpoint
 from experiments._sweep import compare
 from experiments._training import Task, Trainer, run_together
+from results_io import methods as method_names
+from results_io import read_json, write_json
 
 PRETRAINED = "pretrained.npz"
 SUMMARY = "retrain.json"
@@ -211,17 +213,17 @@ def retrain(
         methods={name: _vgg_model.describe(name) for name in usable},
         skipped=skipped,
         pretrain=_final_eval(out_dir / "pretrain"),
-        loss_max_relative_difference=_report.loss_differences(runs, _vgg_model.BASELINE),
+        loss_max_relative_difference=_report.loss_differences(runs, method_names.BASELINE),
         final=_finals(runs),
-        timing=compare(runs, _vgg_model.BASELINE, skip=1),
-        loss_table=_report.loss_table(runs, _vgg_model.BASELINE),
+        timing=compare(runs, method_names.BASELINE, skip=1),
+        loss_table=_report.loss_table(runs, method_names.BASELINE),
     )
     write_json(out_dir / SUMMARY, summary)
     return summary
 
 
 def _final_eval(run_dir: pathlib.Path) -> dict[str, Any] | None:
-    from experiments._records import JsonLines
+    from results_io import JsonLines
 
     evals = [r for r in JsonLines(run_dir / "metrics.jsonl").read() if r.get("kind") == "eval"]
     return evals[-1] if evals else None

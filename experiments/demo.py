@@ -14,7 +14,6 @@ Everything is written under ``results/demo/`` (replaced on every run; figures in
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 import time
@@ -25,10 +24,11 @@ import numpy as np
 
 import bppsa
 from bppsa.models import SequenceClassifier
-from experiments import _report, rnn_synthetic
+from experiments import _cli, _report, rnn_synthetic
 from experiments._records import cpu_model
 from experiments._sweep import compare
 from paper_figures import _style, fig7, fig8
+from results_io import methods as method_names
 
 DEFAULT_OUT = pathlib.Path("results/demo")
 # The demo's learning rate. With the paper's 1e-5, 300 iterations of Adam leave the loss at
@@ -54,14 +54,12 @@ def gradient_check(length: int = 1000, batch: int = 16, hidden: int = 20) -> flo
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.demo", description=__doc__.split("\n\n")[0]
-    )
+    parser = _cli.parser("experiments.demo", __doc__)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results folder")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     preset = rnn_synthetic.PRESETS["quick"]
-    methods = ["bp", "bppsa"]
+    methods = [method_names.BP, method_names.BPPSA]
     device = jax.devices()[0]
     name = cpu_model() if device.platform == "cpu" else device.device_kind
     print(f"bppsa {bppsa.__version__}, jax {jax.__version__} on {device.platform} ({name})")

@@ -44,6 +44,7 @@ from experiments._irmas_data import Clips, load_clips
 from experiments._irmas_runs import PRESETS, Config, breakdown, train
 from experiments._records import ResultsFolderError
 from experiments._sweep import compare
+from results_io import methods as method_names
 
 __all__ = ["PRESETS", "Config", "breakdown", "main", "train"]
 
@@ -51,6 +52,7 @@ DEFAULT_OUT = pathlib.Path("results/gru_irmas")
 DEFAULT_CACHE = DEFAULT_OUT / "features"
 FIXTURE_CLIPS = 6  # per class: 66 clips, enough for a batch of 64
 SYNTHETIC_NOTE = "SYNTHETIC fixture (tones in the IRMAS layout), NOT IRMAS"
+COMMANDS = ("breakdown", "train", "fixture", "smoke")
 
 
 def _variant(text: str) -> str:
@@ -61,18 +63,10 @@ def _variant(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.gru_irmas",
-        description=__doc__.split("\n\n")[0],
-        epilog="Run '<command> --help' for a command's options.",
-    )
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{breakdown,train,fixture,smoke}"
-    )
+    parser = _cli.parser("experiments.gru_irmas", __doc__)
+    commands = _cli.add_commands(parser, COMMANDS)
     out = argparse.ArgumentParser(add_help=False)
-    out.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
-    out.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _cli.add_results(out, DEFAULT_OUT, name=False)
     model = argparse.ArgumentParser(add_help=False)
     model.add_argument("--hidden", type=_cli.positive_int, help="GRU hidden size (default 20)")
     model.add_argument("--seed", type=_cli.non_negative_int, help="init and data-order seed (0)")
@@ -87,41 +81,24 @@ def _parser() -> argparse.ArgumentParser:
     model.add_argument("--strict", action="store_true", help="fail on a bad clip (else skip)")
     common = argparse.ArgumentParser(add_help=False, parents=[out, model])
     common.add_argument("--data", type=pathlib.Path, required=True, help="IRMAS training root")
-    size = common.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small configuration (default)")
-    size.add_argument("--paper", action="store_true", help="the artifact's sizes (for a GPU)")
-    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
+    _cli.add_configuration(common, paper="the artifact's sizes (for a GPU)")
+    _cli.add_name(common)
 
     b = commands.add_parser("breakdown", parents=[common], help="runtime breakdown (Fig. 9)")
     b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes (16 32 64)")
     b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
     b.add_argument(
         "--method",
-        type=_cli.method_name,
-        default="bppsa",
+        type=_cli.method_name(),
+        default=method_names.BPPSA,
         help="the BPPSA method: bppsa (bppsa.Auto()), blelloch, chunked, chunked-C",
     )
 
     t = commands.add_parser("train", parents=[common], help="training curves (Fig. 13)")
     t.add_argument("--batch", type=_cli.positive_int, help="batch size (default 16)")
-    t.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (default 3e-4)")
-    length = t.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=_cli.positive_int, help="iterations per run")
-    length.add_argument("--epochs", type=_cli.positive_float, help="epochs per run")
-    t.add_argument(
-        "--methods",
-        "--method",
-        dest="methods",
-        nargs="+",
-        type=_cli.method_name,
-        default=["bp", "bppsa"],
-        metavar="NAME",
-        help="backward methods (default: bp bppsa)",
-    )
+    _cli.add_training(t, lr="3e-4")
     t.add_argument("--no-eval", action="store_true", help="no training-set evaluation")
-    t.add_argument(
-        "--checkpoint-every", type=_cli.positive_int, default=100, help="iterations (default 100)"
-    )
+    _cli.add_checkpoint_every(t)
 
     f = commands.add_parser("fixture", help="write a SYNTHETIC fixture in the IRMAS layout")
     f.add_argument("--out", type=pathlib.Path, required=True, help="the fixture's root folder")
@@ -229,16 +206,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(parser, args)
     except (irmas.IrmasError, ResultsFolderError) as error:  # found only once loaded/opened
-        parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
+        _cli.fail(parser, args, error)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    progress = False if args.no_progress else None
+    progress = _cli.progress(args)
     if args.command == "smoke":
         return _smoke(args, progress)
 
-    preset = PRESETS["paper" if args.paper else "quick"]
-    folder = args.out / (args.name or f"{args.command}-{preset.name}")
+    preset = PRESETS[_cli.configuration(args)]
+    folder = _cli.run_folder(args, preset.name)
     variants = list(dict.fromkeys(args.variants or preset.variants))
     if args.command == "breakdown":
         batches = list(dict.fromkeys(args.batches or preset.batches))
@@ -253,21 +230,16 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     _check_data(parser, args.data, [config.batch])
     clips = _load(args, args.data, variants, config.seed)
     _check_usable(parser, clips, [config.batch])
-    methods = list(dict.fromkeys(args.methods))
+    methods = _cli.methods(args)
     _run_train(args, clips, config, methods, folder, args.checkpoint_every, progress)
     return 0
 
 
 def _config(args: argparse.Namespace, base: Config) -> Config:
-    overrides = dict(hidden=args.hidden, lr=args.lr, seed=args.seed, batch=args.batch)
-    config = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
-    if args.no_eval:
-        config = dataclasses.replace(config, evaluate=False)
-    if args.iterations is not None:
-        config = dataclasses.replace(config, iterations=args.iterations, epochs=None)
-    elif args.epochs is not None:
-        config = dataclasses.replace(config, iterations=None, epochs=args.epochs)
-    return config
+    evaluate = False if args.no_eval else None
+    return _cli.training_config(
+        base, args, hidden=args.hidden, seed=args.seed, batch=args.batch, evaluate=evaluate
+    )
 
 
 def _smoke(args, progress) -> int:
@@ -283,12 +255,20 @@ def _smoke(args, progress) -> int:
     variants = list(dict.fromkeys(args.variants or preset.variants))
     clips = _load(args, root, variants, args.seed or 0)
     _run_breakdown(
-        args, clips, list(preset.batches), folder / "breakdown", preset.repeats, "bppsa", progress
+        args,
+        clips,
+        list(preset.batches),
+        folder / "breakdown",
+        preset.repeats,
+        method_names.BPPSA,
+        progress,
     )
     config = dataclasses.replace(
         preset.train, hidden=args.hidden or 20, seed=args.seed or 0, evaluate=True
     )
-    _run_train(args, clips, config, ["bp", "bppsa"], folder / "train", 100, progress)
+    _run_train(
+        args, clips, config, [method_names.BP, method_names.BPPSA], folder / "train", 100, progress
+    )
     fig9.main([str(folder / "breakdown"), "--out", str(folder / "figures")])
     fig13.main([str(folder / "train"), "--out", str(folder / "figures")])
     return 0

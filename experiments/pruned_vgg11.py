@@ -50,8 +50,9 @@ from typing import Any
 import jax
 
 from bppsa.models import sparsity_of
-from experiments import _vgg_analysis, _vgg_benchmark, _vgg_cli, _vgg_jacobians, _vgg_model
+from experiments import _cli, _vgg_analysis, _vgg_benchmark, _vgg_cli, _vgg_jacobians, _vgg_model
 from experiments._records import ResultsFolderError, load_checkpoint
+from results_io import methods as method_names
 
 DEFAULT_OUT = _vgg_cli.DEFAULT_OUT
 
@@ -162,9 +163,9 @@ def _benchmark(parser, args, preset, folder, progress) -> int:
     sparsities = list(dict.fromkeys(args.sparsities or preset.sparsities))
     batches = list(dict.fromkeys(args.batches or preset.batches))
     repeats = args.repeats or preset.benchmark_repeats
-    methods = list(dict.fromkeys(args.methods))
-    if _vgg_model.BASELINE not in methods:
-        methods.insert(0, _vgg_model.BASELINE)
+    methods = _cli.methods(args)
+    if method_names.BASELINE not in methods:
+        methods.insert(0, method_names.BASELINE)
     points = [{"sparsity": s, "batch": b} for s in sparsities for b in batches]
     config = dict(
         input_size=size,
@@ -240,9 +241,9 @@ def _retrain(parser, args, preset, folder, progress) -> int:
         parser.error(
             f"argument --batch: batch size {config.batch} exceeds the {len(train)} training images"
         )
-    methods = list(dict.fromkeys(args.methods))
-    if _vgg_model.BASELINE not in methods:
-        methods.insert(0, _vgg_model.BASELINE)
+    methods = _cli.methods(args)
+    if method_names.BASELINE not in methods:
+        methods.insert(0, method_names.BASELINE)
     print(
         f"retrain {_vgg_model.net_name(config.input_size, config.width_divisor)} on "
         f"{train.describe()}: {methods} -> {folder}",
@@ -273,15 +274,15 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _vgg_cli.parser(__doc__.split("\n\n")[0])
+    parser = _vgg_cli.parser(__doc__)
     args = parser.parse_args(argv)
-    preset = _vgg_cli.presets()["paper" if args.paper else "quick"]
-    folder = args.out / (args.name or f"{args.command}-{preset.name}")
-    progress = not args.no_progress
+    preset = _vgg_cli.presets()[_cli.configuration(args)]
+    folder = _cli.run_folder(args, preset.name)
+    progress = not args.no_progress  # bars also when stderr is not a terminal
     try:
         return COMMANDS[args.command](parser, args, preset, folder, progress)
     except ResultsFolderError as error:
-        parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
+        _cli.fail(parser, args, error)
 
 
 if __name__ == "__main__":

@@ -46,9 +46,11 @@ from bppsa.models import SequenceClassifier
 from experiments import _cli, _methods, _report
 from experiments._sweep import compare, run_sweep
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
+from results_io import methods as method_names
 
 NUM_CLASSES = 10
 DEFAULT_OUT = pathlib.Path("results/rnn_synthetic")
+COMMANDS = ("train", "sweep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +257,7 @@ def sweep(
     identity = dataclasses.asdict(config) | dict(methods=list(methods), resolved=resolved)
     for key in ("length", "batch"):
         identity.pop(key)
-    baseline = _methods.BASELINE if _methods.BASELINE in methods else methods[0]
+    baseline = method_names.BASELINE if method_names.BASELINE in methods else methods[0]
     return run_sweep(
         points, trainers, out_dir, identity, baseline=baseline, chunk=chunk, on_point=on_point
     )
@@ -281,53 +283,22 @@ def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, batch:
 # ----------------------------------------------------------------------------- command line
 
 
-def _fraction(text: str) -> float:
-    value = _cli.positive_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.rnn_synthetic",
-        description=__doc__.split("\n\n")[0],
-        epilog="Run '<command> --help' for a command's options.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{train,sweep}")
+    parser = _cli.parser("experiments.rnn_synthetic", __doc__)
+    commands = _cli.add_commands(parser, COMMANDS)
     common = argparse.ArgumentParser(add_help=False)
-    size = common.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small configuration (default)")
-    size.add_argument("--paper", action="store_true", help="the paper's sizes (for a GPU)")
-    common.add_argument(
-        "--method",
-        "--methods",
-        dest="methods",
-        nargs="+",
-        type=_cli.method_name,
-        default=["bp", "bppsa"],
-        metavar="NAME",
-        help="backward methods: bp (back-propagation), bppsa (bppsa.Auto(): Blelloch on "
-        "accelerators), blelloch, chunked, chunked-C, sequential-jacobians "
-        "(default: bp bppsa)",
-    )
+    _cli.add_configuration(common, paper="the paper's sizes (for a GPU)")
+    _cli.add_training(common, lr="1e-5")
     common.add_argument("--hidden", type=_cli.positive_int, help="hidden size (default 20)")
-    common.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (default 1e-5)")
     common.add_argument("--samples", type=_cli.positive_int, help="dataset size (default 50000)")
-    common.add_argument("--train-fraction", type=_fraction, help="train split (default 0.64)")
+    common.add_argument("--train-fraction", type=_cli.fraction, help="train split (default 0.64)")
     common.add_argument("--seed", type=_cli.non_negative_int, help="data and init seed (default 0)")
-    length = common.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=_cli.positive_int, help="iterations per run")
-    length.add_argument("--epochs", type=_cli.positive_float, help="epochs per run")
     common.add_argument(
         "--forward-every",
         type=_cli.positive_int,
         help="time the forward alone every N iterations (default 1)",
     )
-    common.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="results root")
-    common.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
-    common.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
-    common.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _cli.add_results(common, DEFAULT_OUT)
 
     train_parser = commands.add_parser(
         "train", parents=[common], help="train with each method (Fig. 7)"
@@ -337,9 +308,7 @@ def _parser() -> argparse.ArgumentParser:
     train_parser.add_argument(
         "--eval-samples", type=_cli.non_negative_int, help="test samples per evaluation (0: none)"
     )
-    train_parser.add_argument(
-        "--checkpoint-every", type=_cli.positive_int, default=100, help="iterations (default 100)"
-    )
+    _cli.add_checkpoint_every(train_parser)
 
     sweep_parser = commands.add_parser(
         "sweep", parents=[common], help="speed sweeps over T and B (Fig. 8)"
@@ -355,9 +324,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace, base: Config) -> Config:
-    overrides = dict(
+    return _cli.training_config(
+        base,
+        args,
         hidden=args.hidden,
-        lr=args.lr,
         num_samples=args.samples,
         train_fraction=args.train_fraction,
         seed=args.seed,
@@ -366,12 +336,6 @@ def _config(args: argparse.Namespace, base: Config) -> Config:
         batch=getattr(args, "batch", None),
         eval_samples=getattr(args, "eval_samples", None),
     )
-    config = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
-    if args.iterations is not None:
-        config = dataclasses.replace(config, iterations=args.iterations, epochs=None)
-    elif args.epochs is not None:
-        config = dataclasses.replace(config, iterations=None, epochs=args.epochs)
-    return config
 
 
 def _check(parser: argparse.ArgumentParser, config: Config, batches: Sequence[int]) -> None:
@@ -391,10 +355,10 @@ def _check(parser: argparse.ArgumentParser, config: Config, batches: Sequence[in
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    preset = PRESETS["paper" if args.paper else "quick"]
-    progress = False if args.no_progress else None
-    folder = args.out / (args.name or f"{args.command}-{preset.name}")
-    methods = list(dict.fromkeys(args.methods))
+    preset = PRESETS[_cli.configuration(args)]
+    progress = _cli.progress(args)
+    folder = _cli.run_folder(args, preset.name)
+    methods = _cli.methods(args)
 
     if args.command == "train":
         config = _config(args, preset.train)

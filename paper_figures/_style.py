@@ -1,7 +1,8 @@
 """Conventions shared by the figure scripts: the machine named in every title, the same colour
-and label per method, a caption under the axes, and every figure saved as PNG and PDF.
+per method (its labels: :mod:`results_io.methods`), a caption under the axes, and every figure
+saved as PNG and PDF.
 
-Figure scripts read result files only (through :func:`read_rows`) and never import JAX.
+Figure scripts read result files only (through :mod:`results_io`) and never import JAX.
 """
 
 from __future__ import annotations
@@ -17,24 +18,16 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from experiments._records import JsonLines
+from results_io import methods as method_names
 
-BASELINE = "bp"
 COLORS = {
-    "bp": "#d62728",
-    "bppsa": "#1f77b4",
-    "blelloch": "#ff7f0e",
-    "chunked": "#2ca02c",
-    "sequential-jacobians": "#9467bd",
+    method_names.BP: "#d62728",
+    method_names.BPPSA: "#1f77b4",
+    method_names.BLELLOCH: "#ff7f0e",
+    method_names.CHUNKED: "#2ca02c",
+    method_names.SEQUENTIAL_JACOBIANS: "#9467bd",
 }
 _OTHER_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-LABELS = {
-    "bp": "BP (jax.grad through lax.scan)",
-    "bppsa": "BPPSA (bppsa.Auto)",
-    "blelloch": "BPPSA, Blelloch scan (bppsa.Blelloch)",
-    "chunked": "BPPSA, chunked scan (bppsa.Chunked)",
-}
-SHORT = {"bp": "BP", "bppsa": "BPPSA", "blelloch": "Blelloch", "chunked": "Chunked"}
 FORWARD_HATCH = "////"
 
 plt.rcParams.update(
@@ -49,34 +42,10 @@ plt.rcParams.update(
 )
 
 
-def read_rows(path: str | pathlib.Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines results file (a torn last line is ignored).
-
-    Raises:
-        FileNotFoundError: naming the missing file.
-    """
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no results file at {path}")
-    return JsonLines(path).read()
-
-
 def color(method: str, index: int = 0) -> str:
-    """The colour of a method (fixed for the named methods, by ``index`` for the others)."""
+    """The colour of a method (fixed for the names of :data:`COLORS`, by ``index`` for the
+    others: the benchmarks' ``auto`` too, whose figure was drawn so)."""
     return COLORS.get(method, _OTHER_COLORS[index % len(_OTHER_COLORS)])
-
-
-def label(method: str, resolved: str | None = None) -> str:
-    """Legend label of a method, with what ``bppsa.Auto`` chose when known."""
-    text = LABELS.get(method, method)
-    if method == "bppsa" and resolved and "->" in resolved:
-        text += f" = {resolved.split('->', 1)[1].strip()}"
-    return text
-
-
-def short(method: str) -> str:
-    """A method's name in a crowded legend."""
-    return SHORT.get(method, method)
 
 
 def plain_log_axis(ax: plt.Axes) -> None:
@@ -112,7 +81,7 @@ def caption(fig: plt.Figure, text: str) -> None:
 
 
 def baseline_line(ax: plt.Axes, y: float = 1.0, text: str = "BP baseline") -> None:
-    ax.axhline(y, color=COLORS[BASELINE], linestyle="--", linewidth=1.5, label=text)
+    ax.axhline(y, color=COLORS[method_names.BASELINE], linestyle="--", linewidth=1.5, label=text)
 
 
 def save(fig: plt.Figure, out_dir: str | pathlib.Path, name: str) -> list[pathlib.Path]:

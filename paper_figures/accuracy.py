@@ -13,18 +13,17 @@ Run: ``python -m paper_figures.accuracy [RESULTS] [--out DIR]`` (default results
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 from collections.abc import Iterable, Sequence
 
 import matplotlib.pyplot as plt
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import methods as method_names
+from results_io import read_json
 
 DEFAULT_RESULTS = pathlib.Path("benchmarks/results/accuracy_cpu.json")
 DEFAULT_OUT = pathlib.Path("paper_figures/output")
-NAMES = {"bp": "BP", "blelloch": "Blelloch()", "chunked": "Chunked()", "auto": "Auto()"}
 DPI = 100
 KINDS = {"end_to_end": ("end to end", "-"), "backward_only": ("backward only", "--")}
 
@@ -38,7 +37,7 @@ def load(path: str | pathlib.Path) -> dict:
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
-    return json.loads(path.read_text())
+    return read_json(path)
 
 
 def _methods(rows: list[dict]) -> list[str]:
@@ -77,12 +76,14 @@ def draw(payload: dict) -> plt.Figure:
                         lengths,
                         [float("nan") if v is None else v for v in values],
                         style,
-                        marker="o" if method == "bp" else ".",
+                        marker="o" if method == method_names.BP else ".",
                         color=_style.color(method, index),
-                        linewidth=2.2 if method == "bp" else 1.2,
-                        label=f"{NAMES.get(method, method)}, {label}",
+                        linewidth=2.2 if method == method_names.BP else 1.2,
+                        label=f"{method_names.in_table(method)}, {label}",
                     )
-            overflow = [r["length"] for r in panel if _median(r, "end_to_end", "bp") is None]
+            overflow = [
+                r["length"] for r in panel if _median(r, "end_to_end", method_names.BP) is None
+            ]
             if overflow:
                 ax.axvspan(min(overflow) / 1.5, max(overflow) * 1.5, color="0.85", zorder=0)
                 ax.text(
@@ -127,12 +128,12 @@ def table(payload: dict, lengths: Iterable[int] | None = None) -> str:
     """A markdown table of the medians (all lengths, or only ``lengths``)."""
     rows = payload["rows"]
     methods = _methods(rows)
-    names = [NAMES.get(m, m) for m in methods]
+    heads = [method_names.in_table(m) for m in methods]
     head = (
         "| cell | weights | T | max abs gradient (float64, median) | "
-        + " | ".join(f"end to end: {n}" for n in names)
+        + " | ".join(f"end to end: {n}" for n in heads)
         + " | "
-        + " | ".join(f"backward only: {n}" for n in names)
+        + " | ".join(f"backward only: {n}" for n in heads)
         + " |"
     )
     lines = [head, "|" + "---|" * (4 + 2 * len(methods))]
@@ -147,23 +148,16 @@ def table(payload: dict, lengths: Iterable[int] | None = None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.accuracy", description=__doc__.split("\n\n")[0]
-    )
+    parser = _cli.parser("paper_figures.accuracy", __doc__)
     parser.add_argument("results", type=pathlib.Path, nargs="?", default=DEFAULT_RESULTS)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output folder")
     args = parser.parse_args(argv)
-    try:
-        payload = load(args.results)
-    except FileNotFoundError as error:
-        parser.error(f"argument results: {error}")
+    payload = _cli.load(parser, "results", load, args.results)
     with plt.rc_context({"savefig.dpi": DPI}):  # a small file for the repository
         paths = _style.save(draw(payload), args.out, "accuracy")
     markdown = args.out / "accuracy.md"
     markdown.write_text(table(payload))
-    paths.append(markdown)
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    return _cli.wrote([*paths, markdown])
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ Run: ``python -m paper_figures.fig10 results/pruned_vgg11/analyze-quick [--level
 
 from __future__ import annotations
 
-import argparse
-import json
 import pathlib
 from collections.abc import Sequence
 
@@ -27,7 +25,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Patch
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import read_json
 
 RESULT = "analyze.json"
 KIND_COLORS = {
@@ -51,7 +50,7 @@ def load(path: str | pathlib.Path) -> dict:
     file = path / RESULT if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"no analysis result at {file}")
-    result = json.loads(file.read_text())
+    result = read_json(file)
     if not isinstance(result, dict) or "scans" not in result or "baselines" not in result:
         raise ValueError(f"{file} is not an analysis result of experiments.pruned_vgg11 analyze")
     return result
@@ -193,26 +192,19 @@ def draw(result: dict, levels: str | None = None) -> plt.Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.fig10", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("run", type=pathlib.Path, help="analyze run folder or its analyze.json")
+    parser = _cli.parser("paper_figures.fig10", __doc__)
+    _cli.add_run(parser, "analyze run folder or its analyze.json")
     parser.add_argument("--levels", help="scan of panel (a): 1, 2, ... or all (default 2)")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
+    _cli.add_out(parser)
     args = parser.parse_args(argv)
-    try:
-        result = load(args.run)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(f"argument run: {error}")
+    result = _cli.load(parser, "run", load, args.run)
     if args.levels is not None and args.levels not in result["scans"]:
         parser.error(
             f"argument --levels: the analysis holds the scans {sorted(result['scans'])}, "
             f"not {args.levels!r}"
         )
-    folder = args.run if args.run.is_dir() else args.run.parent
-    paths = _style.save(draw(result, args.levels), args.out or folder / "figures", "fig10")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    folder = _cli.out_folder(args.out, args.run)
+    return _cli.wrote(_style.save(draw(result, args.levels), folder, "fig10"))
 
 
 if __name__ == "__main__":

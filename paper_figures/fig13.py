@@ -12,7 +12,6 @@ writes ``fig13.png`` and ``fig13.pdf`` (default folder: ``<run>/figures``).
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import re
 from collections.abc import Sequence
@@ -20,8 +19,10 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paper_figures import _style
+from paper_figures import _cli, _style
 from paper_figures.fig7 import moving_average
+from results_io import methods as method_names
+from results_io import read_rows
 
 METRICS = "metrics.jsonl"
 VARIANTS = ("S", "M", "L")
@@ -41,13 +42,13 @@ def load_runs(run_dir: str | pathlib.Path, batch: int | None = None) -> dict[str
         match = _FOLDER.match(path.parent.parent.name)
         if match:
             by_variant = found.setdefault(int(match["batch"]), {})
-            by_variant.setdefault(match["variant"], {})[path.parent.name] = _style.read_rows(path)
+            by_variant.setdefault(match["variant"], {})[path.parent.name] = read_rows(path)
     if not found or (batch is not None and batch not in found):
         wanted = f"B{batch}" if batch is not None else "B<batch>"
         raise FileNotFoundError(f"no <variant>-{wanted}/<method>/{METRICS} under {run_dir}")
     runs = found[min(found) if batch is None else batch]
     return {
-        v: dict(sorted(runs[v].items(), key=lambda item: item[0] != _style.BASELINE))
+        v: dict(sorted(runs[v].items(), key=lambda item: item[0] != method_names.BASELINE))
         for v in VARIANTS
         if v in runs
     }
@@ -77,7 +78,7 @@ def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
             window = smooth or max(1, len(steps) // 10)
             c = _style.color(method, index)
             dash = "-" if index == 0 else (0, (4, 3))
-            name = _style.label(method, config.get("resolved"))
+            name = method_names.label(method, config.get("resolved"))
             ax.plot(wall, loss, color=c, alpha=0.2, linewidth=0.6)
             ax.plot(
                 wall,
@@ -127,23 +128,15 @@ def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.fig13", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("run", type=pathlib.Path, help="folder holding <variant>-B<batch>/")
+    parser = _cli.parser("paper_figures.fig13", __doc__)
+    _cli.add_run(parser, "folder holding <variant>-B<batch>/")
     parser.add_argument("--batch", type=int, help="batch size (default: the smallest present)")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
-    parser.add_argument("--smooth", type=int, help="moving-average window (iterations)")
+    _cli.add_out(parser)
+    _cli.add_smooth(parser)
     args = parser.parse_args(argv)
-    if args.smooth is not None and args.smooth < 1:
-        parser.error(f"argument --smooth: expected a positive integer, got {args.smooth}")
-    try:
-        runs = load_runs(args.run, args.batch)
-    except FileNotFoundError as error:
-        parser.error(f"argument run: {error}")
-    paths = _style.save(draw(runs, args.smooth), args.out or args.run / "figures", "fig13")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    runs = _cli.load(parser, "run", load_runs, args.run, args.batch)
+    folder = _cli.out_folder(args.out, args.run)
+    return _cli.wrote(_style.save(draw(runs, args.smooth), folder, "fig13"))
 
 
 if __name__ == "__main__":

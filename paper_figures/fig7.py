@@ -11,14 +11,15 @@ Run: ``python -m paper_figures.fig7 results/rnn_synthetic/train-quick [--out DIR
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import methods as method_names
+from results_io import read_rows
 
 METRICS = "metrics.jsonl"
 
@@ -33,8 +34,8 @@ def load_runs(run_dir: str | pathlib.Path) -> dict[str, list[dict]]:
     paths = sorted(run_dir.glob(f"*/{METRICS}"))
     if not paths:
         raise FileNotFoundError(f"no <method>/{METRICS} under {run_dir}")
-    runs = {path.parent.name: _style.read_rows(path) for path in paths}
-    return dict(sorted(runs.items(), key=lambda item: item[0] != _style.BASELINE))
+    runs = {path.parent.name: read_rows(path) for path in paths}
+    return dict(sorted(runs.items(), key=lambda item: item[0] != method_names.BASELINE))
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -64,7 +65,7 @@ def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
         window = smooth or max(1, len(steps) // 30)
         longest = max(longest, len(steps))
         c = _style.color(method, index)
-        name = _style.label(method, resolved)
+        name = method_names.label(method, resolved)
         # Dashes on the later curves keep a curve visible where it lies on top of another.
         dash = "-" if index == 0 else (0, (4, 3))
         for ax, x in ((ax_time, wall), (ax_iter, iteration)):
@@ -100,22 +101,14 @@ def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.fig7", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("run", type=pathlib.Path, help="folder holding <method>/metrics.jsonl")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
-    parser.add_argument("--smooth", type=int, help="moving-average window (iterations)")
+    parser = _cli.parser("paper_figures.fig7", __doc__)
+    _cli.add_run(parser, "folder holding <method>/metrics.jsonl")
+    _cli.add_out(parser)
+    _cli.add_smooth(parser)
     args = parser.parse_args(argv)
-    if args.smooth is not None and args.smooth < 1:
-        parser.error(f"argument --smooth: expected a positive integer, got {args.smooth}")
-    try:
-        runs = load_runs(args.run)
-    except FileNotFoundError as error:
-        parser.error(f"argument run: {error}")
-    paths = _style.save(draw(runs, args.smooth), args.out or args.run / "figures", "fig7")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    runs = _cli.load(parser, "run", load_runs, args.run)
+    folder = _cli.out_folder(args.out, args.run)
+    return _cli.wrote(_style.save(draw(runs, args.smooth), folder, "fig7"))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,15 @@ Run: ``python -m paper_figures.fig8 results/rnn_synthetic/sweep-quick [--out DIR
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import methods as method_names
+from results_io import read_rows
 
 SWEEP_LOG = "sweep.jsonl"
 
@@ -33,7 +34,7 @@ def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
         ValueError: when it holds no finished point.
     """
     path = pathlib.Path(path)
-    rows = _style.read_rows(path / SWEEP_LOG if path.is_dir() else path)
+    rows = read_rows(path / SWEEP_LOG if path.is_dir() else path)
     meta = next((r for r in rows if r.get("kind") == "sweep"), {})
     points = {}
     for row in rows:
@@ -46,8 +47,8 @@ def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
 
 
 def _methods(points: list[dict]) -> list[str]:
-    names = list(dict.fromkeys(name for row in points for name in row["methods"]))
-    return sorted(names, key=lambda name: name != _style.BASELINE)
+    methods = list(dict.fromkeys(name for row in points for name in row["methods"]))
+    return sorted(methods, key=lambda name: name != method_names.BASELINE)
 
 
 def _log_bars(ax, positions, values_by_method, methods, resolved, order, include=()):
@@ -65,7 +66,7 @@ def _log_bars(ax, positions, values_by_method, methods, resolved, order, include
             values,
             width,
             color=_style.color(method, order.index(method)),
-            label=_style.label(method, resolved.get(method)),
+            label=method_names.label(method, resolved.get(method)),
         )
     _style.plain_log_axis(ax)
     if finite:
@@ -97,7 +98,7 @@ def _row(axes, points, methods, resolved, sweep, letters):
     ax_time.set_ylabel("backward time per iteration (ms, log scale)")
     ax_time.set_title(f"({letters[0]}) backward runtime per iteration")
 
-    others = [m for m in methods if m != _style.BASELINE]
+    others = [m for m in methods if m != method_names.BASELINE]
     speedups = {m: values("backward_speedup", m) for m in others}
     _log_bars(ax_speedup, x, speedups, others, resolved, methods, include=(1.0,))
     _style.baseline_line(ax_speedup)
@@ -123,7 +124,7 @@ def _breakdown(ax, x, points, methods):
         offset = (index - (len(methods) - 1) / 2) * width
         fwd, bwd, upd = [], [], []
         for row in points:
-            base = row["methods"].get(_style.BASELINE, row["methods"][method])["step_s"]
+            base = row["methods"].get(method_names.BASELINE, row["methods"][method])["step_s"]
             m = row["methods"].get(method, {})
             if not m or row["forward_s"] is None or m.get("backward_s") is None:
                 fwd.append(np.nan), bwd.append(np.nan), upd.append(np.nan)
@@ -132,7 +133,7 @@ def _breakdown(ax, x, points, methods):
             bwd.append(m["backward_s"] / base)
             upd.append(max(m["step_s"] - row["forward_s"] - m["backward_s"], 0.0) / base)
         c = _style.color(method, index)
-        name = _style.short(method)
+        name = method_names.short(method)
         tops.extend(np.add(np.add(fwd, bwd), upd))
         ax.bar(
             x + offset,
@@ -197,20 +198,13 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.fig8", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("sweep", type=pathlib.Path, help="sweep folder or its sweep.jsonl")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <sweep>/figures)")
+    parser = _cli.parser("paper_figures.fig8", __doc__)
+    _cli.add_run(parser, "sweep folder or its sweep.jsonl", name="sweep")
+    _cli.add_out(parser, name="sweep")
     args = parser.parse_args(argv)
-    try:
-        meta, points = load_sweep(args.sweep)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(f"argument sweep: {error}")
-    folder = args.sweep if args.sweep.is_dir() else args.sweep.parent
-    paths = _style.save(draw(meta, points), args.out or folder / "figures", "fig8")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    meta, points = _cli.load(parser, "sweep", load_sweep, args.sweep)
+    folder = _cli.out_folder(args.out, args.sweep)
+    return _cli.wrote(_style.save(draw(meta, points), folder, "fig8"))
 
 
 if __name__ == "__main__":

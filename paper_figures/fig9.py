@@ -13,13 +13,14 @@ Run: ``python -m paper_figures.fig9 results/gru_irmas/breakdown-quick [--out DIR
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import methods as method_names
+from results_io import read_rows
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 VARIANTS = ("S", "M", "L")
@@ -35,7 +36,7 @@ def load_breakdown(path: str | pathlib.Path) -> tuple[dict, dict[tuple[str, int]
         ValueError: when it holds no measured point.
     """
     path = pathlib.Path(path)
-    rows = _style.read_rows(path / BREAKDOWN_LOG if path.is_dir() else path)
+    rows = read_rows(path / BREAKDOWN_LOG if path.is_dir() else path)
     meta = next((r for r in rows if r.get("kind") == "sweep"), {})
     points = {
         (r["point"]["variant"], r["point"]["batch"]): r for r in rows if r.get("kind") == "point"
@@ -59,10 +60,10 @@ def _panel(ax: plt.Axes, row: dict) -> None:
     bp = row["bp_backward_s"] / total
     hatch = _style.FORWARD_HATCH
     ax.bar(0, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white", label="FP (forward)")
-    ax.bar(0, scan, 0.6, bottom=fp, color=_style.color("bppsa"), label="BPPSA backward")
+    ax.bar(0, scan, 0.6, bottom=fp, color=_style.color(method_names.BPPSA), label="BPPSA backward")
     ax.bar(0, fo, 0.6, bottom=fp + scan, color=FO_COLOR, label="FO (building Jacobians)")
     ax.bar(1, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white")
-    ax.bar(1, bp, 0.6, bottom=fp, color=_style.color("bp"), label="BP backward")
+    ax.bar(1, bp, 0.6, bottom=fp, color=_style.color(method_names.BP), label="BP backward")
     speedup = row["bp_backward_s"] / max(row["jacobians_s"] + row["bppsa_backward_s"], 1e-12)
     for x, seconds in ((0, row["bppsa_s"]), (1, row["bp_s"])):
         height = seconds / total
@@ -112,34 +113,28 @@ def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
         y=0.995,
         va="top",
     )
+    method = method_names.label(method_names.BPPSA, resolved)
     _style.caption(
         fig,
         f"Medians of {config.get('repeats', '?')} interleaved rounds per panel; normalized by "
         "BP's forward + backward. FP: jitted loss. FO: forward keeping every state plus every "
         "step's transposed Jacobian (bppsa.jacobians.gru_jacobian_t, all steps at once) minus FP. "
         "BPPSA backward: bppsa.value_and_grad total - FP - FO. BP backward: jax.grad through "
-        f"lax.scan total - FP. Optimizer update excluded. Method: {_style.label('bppsa', resolved)}"
-        f". {_style.software(meta)}.",
+        f"lax.scan total - FP. Optimizer update excluded. Method: {method}. "
+        f"{_style.software(meta)}.",
     )
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.fig9", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("run", type=pathlib.Path, help="folder holding breakdown.jsonl")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
+    parser = _cli.parser("paper_figures.fig9", __doc__)
+    _cli.add_run(parser, "folder holding breakdown.jsonl")
+    _cli.add_out(parser)
     args = parser.parse_args(argv)
-    try:
-        meta, points = load_breakdown(args.run)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(f"argument run: {error}")
-    folder = args.run if args.run.is_dir() else args.run.parent
-    paths = _style.save(draw(meta, points), args.out or folder / "figures", "fig9")
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    meta, points = _cli.load(parser, "run", load_breakdown, args.run)
+    folder = _cli.out_folder(args.out, args.run)
+    return _cli.wrote(_style.save(draw(meta, points), folder, "fig9"))
 
 
 if __name__ == "__main__":

@@ -12,14 +12,15 @@ Run: ``python -m paper_figures.table1 results/pruned_vgg11/jacobians-quick [--ou
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 
-from paper_figures import _style
+from paper_figures import _cli, _style
+from results_io import methods as method_names
+from results_io import read_rows
 
 POINTS = "jacobians.jsonl"
 ORDER = ("conv", "relu", "maxpool")
@@ -33,7 +34,7 @@ def load(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
         ValueError: when it holds no measured layer.
     """
     path = pathlib.Path(path)
-    rows = _style.read_rows(path / POINTS if path.is_dir() else path)
+    rows = read_rows(path / POINTS if path.is_dir() else path)
     meta = next((r for r in rows if r.get("kind") == "sweep"), {})
     layers = {}
     for row in rows:
@@ -85,9 +86,15 @@ def draw(meta: dict, rows: list[dict]) -> plt.Figure:
     width = 0.38
     analytic = [1e3 * r["analytic_s"] for r in rows]
     dense = [1e3 * r["dense_s"] for r in rows]
-    ax.bar(x - width / 2, analytic, width, color=_style.COLORS["bppsa"], label="analytic (sparse)")
+    ax.bar(
+        x - width / 2,
+        analytic,
+        width,
+        color=_style.color(method_names.BPPSA),
+        label="analytic (sparse)",
+    )
     bars = ax.bar(
-        x + width / 2, dense, width, color=_style.COLORS["bp"], label="jax.jacrev (dense)"
+        x + width / 2, dense, width, color=_style.color(method_names.BP), label="jax.jacrev (dense)"
     )
     for bar, row in zip(bars, rows):
         ax.text(
@@ -115,23 +122,16 @@ def draw(meta: dict, rows: list[dict]) -> plt.Figure:
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
-    parser = argparse.ArgumentParser(
-        prog="python -m paper_figures.table1", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("run", type=pathlib.Path, help="jacobians run folder or its jsonl")
-    parser.add_argument("--out", type=pathlib.Path, help="output folder (default <run>/figures)")
+    parser = _cli.parser("paper_figures.table1", __doc__)
+    _cli.add_run(parser, "jacobians run folder or its jsonl")
+    _cli.add_out(parser)
     args = parser.parse_args(argv)
-    try:
-        meta, rows = load(args.run)
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(f"argument run: {error}")
-    folder = args.out or (args.run if args.run.is_dir() else args.run.parent) / "figures"
+    meta, rows = _cli.load(parser, "run", load, args.run)
+    folder = _cli.out_folder(args.out, args.run)
     folder.mkdir(parents=True, exist_ok=True)
     table = folder / "table1.md"
     table.write_text(markdown(meta, rows))
-    paths = [table, *_style.save(draw(meta, rows), folder, "table1")]
-    print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
+    return _cli.wrote([table, *_style.save(draw(meta, rows), folder, "table1")])
 
 
 if __name__ == "__main__":

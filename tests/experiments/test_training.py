@@ -21,8 +21,9 @@ import pytest
 
 import experiments._training as training
 from experiments import rnn_synthetic
-from experiments._records import JsonLines, load_checkpoint
+from experiments._records import load_checkpoint
 from experiments._training import Trainer, run_together, step_rows
+from results_io import JsonLines
 
 RTOL = 1e-5
 

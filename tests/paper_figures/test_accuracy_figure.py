@@ -1,5 +1,5 @@
 """The accuracy figure and table, from a small results file in the format of
-``benchmarks.accuracy`` and from the committed CPU results."""
+``benchmarks.accuracy`` and from the committed CPU results (which give the committed table)."""
 
 import json
 import pathlib
@@ -79,3 +79,8 @@ def test_committed_results_cover_the_study():
             for length in (10, 1000, 10_000, 30_000):
                 assert (cell, regime, length) in keys
     assert accuracy.table(payload, lengths=[1000, 10_000, 30_000]).count("\n| ") == 12
+
+
+def test_committed_table_is_that_of_the_committed_results():
+    table = COMMITTED.parents[2] / "paper_figures" / "output" / "accuracy.md"
+    assert accuracy.table(accuracy.load(COMMITTED)) == table.read_text()

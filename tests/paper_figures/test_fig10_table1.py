@@ -1,13 +1,14 @@
 """Fig. 10 and Table 1 drawn from hand-written result files in the formats of
-``experiments.pruned_vgg11`` (no JAX, nothing measured)."""
+``experiments.pruned_vgg11`` (no JAX, nothing measured), and Table 1 of the committed results."""
 
 import json
+import pathlib
 
 import matplotlib.image
 import pytest
 
-from experiments._records import JsonLines
 from paper_figures import fig10, table1
+from results_io import JsonLines
 
 META = dict(
     platform="cpu",
@@ -129,3 +130,10 @@ def test_fig10_refuses_an_unknown_scan_and_a_foreign_file(tmp_path, capsys):
     with pytest.raises(SystemExit):
         fig10.main([str(tmp_path)])
     assert "is not an analysis result" in capsys.readouterr().err
+
+
+def test_committed_table1_is_that_of_the_committed_results():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    results = root / "benchmarks" / "results" / "pruned_vgg11" / "jacobians_paper_cpu.jsonl"
+    committed = root / "paper_figures" / "output" / "table1.md"
+    assert table1.markdown(*table1.load(results)) == committed.read_text()

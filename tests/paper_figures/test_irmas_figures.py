@@ -2,8 +2,8 @@
 
 import pytest
 
-from experiments._records import JsonLines
 from paper_figures import fig9, fig13
+from results_io import JsonLines
 
 META = dict(
     platform="cpu",

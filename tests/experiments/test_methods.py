@@ -1,0 +1,102 @@
+"""The backward methods' names (``results_io.methods``): every form becomes its ``bppsa`` method
+in one place (``experiments._methods``), each command takes its forms and refuses the others
+naming the valid ones, and the names in the figures and in the committed result files are the
+vocabulary's."""
+
+import json
+import pathlib
+
+import pytest
+
+import bppsa
+from benchmarks import _speed_cli
+from experiments import _methods, _vgg_model
+from paper_figures import _style
+from results_io import methods as method_names
+
+RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+# benchmarks.sharded names the exchanges of bppsa.Sharded (and "bp"), not methods by name.
+NOT_BY_NAME = {"sharded_cpu.json"}
+
+
+@pytest.mark.parametrize(
+    "name, method",
+    [
+        ("bp", bppsa.Sequential()),
+        ("sequential", bppsa.Sequential()),
+        ("bppsa", bppsa.Auto()),
+        ("auto", bppsa.Auto()),
+        ("blelloch", bppsa.Blelloch()),
+        ("blelloch-0", bppsa.Blelloch(levels=0)),
+        ("blelloch-2", bppsa.Blelloch(levels=2)),
+        ("chunked", bppsa.Chunked()),
+        ("chunked-3", bppsa.Chunked(3)),
+        ("chunked-3-b512", bppsa.Blocked(bppsa.Chunked(3), 512)),
+        ("sequential-jacobians", bppsa.Sequential(jacobians=True)),
+    ],
+)
+def test_every_form_builds_its_method(name, method):
+    assert _methods.parse_method(name, method_names.FORMS) == method
+
+
+@pytest.mark.parametrize(
+    "name", ["magic", "Blelloch", "bp ", "chunked-0", "chunked-x", "chunked-2-b0", "blelloch-"]
+)
+def test_other_names_are_refused_listing_the_forms(name):
+    with pytest.raises(ValueError, match=r"is not known; expected one of: bp, bppsa, auto, "):
+        method_names.parse(name)
+
+
+def test_each_command_takes_its_forms():
+    over_time, over_layers = _methods.parse_method, _vgg_model.parse_method
+    assert over_time("chunked-4") == bppsa.Chunked(4)
+    assert over_layers("blelloch-2") == bppsa.Blelloch(levels=2)
+    with pytest.raises(ValueError, match=r"'blelloch-2' .* chunked-C \(C chunks\)"):
+        over_time("blelloch-2")  # levels exist only over layers
+    with pytest.raises(ValueError, match=r"'chunked' .* blelloch-K \(K parallel levels\)"):
+        over_layers("chunked")  # a chain of layers has no chunked scan
+    assert _speed_cli.parse_method("chunked-2-b64") == bppsa.Blocked(bppsa.Chunked(2), 64)
+    for baseline in ("bp", "bppsa"):  # the benchmark measures BP itself, and names Auto "auto"
+        with pytest.raises(ValueError, match=f"{baseline!r} is not known"):
+            _speed_cli.parse_method(baseline)
+
+
+def test_an_alias_has_the_labels_of_its_name():
+    assert (
+        method_names.canonical("auto") == "bppsa"
+        and method_names.canonical("blelloch") == "blelloch"
+    )
+    assert method_names.label("auto") == method_names.label("bppsa") == "BPPSA (bppsa.Auto)"
+    assert method_names.in_table("auto") == method_names.in_table("bppsa") == "Auto()"
+    assert method_names.label("bppsa", "Auto() -> Chunked(chunks=1)") == (
+        "BPPSA (bppsa.Auto) = Chunked(chunks=1)"
+    )
+    assert method_names.label("chunked-8") == method_names.short("chunked-8") == "chunked-8"
+
+
+def _committed_names():
+    found = set()
+    for path in RESULTS.rglob("*.json"):
+        if path.name in NOT_BY_NAME:
+            continue
+        payload = json.loads(path.read_text())
+        rows = [r for key in ("t_sweep", "b_sweep", "h_sweep", "rows", "points") for r in
+                payload.get(key, [])]  # fmt: skip
+        for row in rows:
+            for key in ("methods", "end_to_end", "backward_only"):
+                found |= set(row.get(key) or ())
+        found |= set(payload.get("methods") or ())
+    return found
+
+
+def test_the_figures_and_the_committed_results_use_the_vocabulary():
+    committed = _committed_names()
+    assert {"bp", "bppsa", "auto", "blelloch-2", "sequential-jacobians"} <= committed
+    for name in [
+        *committed,
+        *_style.COLORS,
+        *method_names.LABELS,
+        *method_names.SHORT,
+        *method_names.TABLE,
+    ]:
+        method_names.parse(name)  # raises for a name outside the vocabulary
