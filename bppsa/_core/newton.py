@@ -170,7 +170,10 @@ class Newton(Forward):
         def newton_step(states, f, maps):
             before = jnp.concatenate([h0[None], states[:-1]], axis=0)
             offsets = f - maps.apply(before)
-            return _algorithms.blelloch(h0, maps.flip(), offsets[::-1])[::-1][1:]
+            new = _algorithms.blelloch(h0, maps.flip(), offsets[::-1])[::-1][1:]
+            # Non-finite values (products of long spans of Jacobians that overflow, NaN inputs)
+            # keep the previous iterate's, so that the next linearization is finite again.
+            return jnp.where(jnp.isfinite(new), new, states)
 
         def cond(state):
             return ~state[2]
