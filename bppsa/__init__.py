@@ -4,14 +4,15 @@ Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backwar
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
 :class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential` and :class:`Sharded`
-(subclasses of :class:`Method`), the forward pass :class:`Newton` (with :class:`NewtonInfo`),
-the memory guard's :func:`estimate_memory` and
+(subclasses of :class:`Method`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
+and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
 :class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided) and
 :class:`AnalyticJacobianWarning`.
 """
 
 from bppsa import jacobians, models, scan
 from bppsa._core.api import estimate_memory
+from bppsa._core.auto_forward import AutoForward
 from bppsa._core.grad import grad, value_and_grad
 from bppsa._core.memory import MemoryLimitError
 from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential, Sharded
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AnalyticJacobianWarning",
     "Auto",
+    "AutoForward",
     "Blelloch",
     "Blocked",
     "Chunked",

@@ -128,5 +128,27 @@ def chunked_scan(fp: Footprint, steps: int, chunks: int) -> Cost:
     )
 
 
+def dense_footprint(length: int, size: int, batch: int) -> Footprint:
+    """The footprint of a scan with dense ``size x size`` float32 Jacobians."""
+    return Footprint(length, size, size * size, size * size, 4, batch, size)
+
+
+def sequential_forward(fp: Footprint) -> Cost:
+    """``lax.scan``'s forward: ``T`` steps of a ``(B, n) x (n, n)`` product and the cell."""
+    return Cost(
+        steps=fp.length,
+        flops=2 * fp.length * fp.batch * fp.dense,
+        bytes=fp.itemsize * fp.length * fp.batch * 4 * fp.state,
+    )
+
+
+def newton_forward(fp: Footprint, iterations: float) -> Cost:
+    """``bppsa.Newton()``: every iteration evaluates all steps with their Jacobians, checks the
+    residuals and solves the linear recurrence over dense Jacobians by the Blelloch scan."""
+    dense = dataclasses.replace(fp, element=fp.dense)
+    iteration = plus(jacobians(fp, fp.length), blelloch_scan(dense, fp.length), Cost(1, 0, 0))
+    return plus(iteration.times(iterations), jacobians(fp, fp.length))
+
+
 def plus(*costs: Cost) -> Cost:
     return Cost(*(sum(getattr(c, f) for c in costs) for f in ("steps", "flops", "bytes")))

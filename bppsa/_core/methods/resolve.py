@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bppsa._core.auto_forward import AutoForward
 from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.methods.auto import Auto
 from bppsa._core.methods.base import Method
@@ -39,11 +40,13 @@ def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
     )
 
 
-FORWARDS: dict[str, type[Forward]] = {cls.name: cls for cls in (SequentialForward, Newton)}
+FORWARDS: dict[str, type[Forward]] = {
+    cls.name: cls for cls in (SequentialForward, Newton, AutoForward)
+}
 
 
 def resolve_forward(forward: Forward | str | None) -> Forward:
-    """Turns a forward object or name (``"sequential"``, ``"newton"``) into a forward
+    """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"auto"``) into a forward
     (``None``: the sequential ``lax.scan``).
 
     Raises:

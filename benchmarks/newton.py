@@ -1,0 +1,264 @@
+"""The Newton forward (``bppsa.Newton``): iterations, fallbacks, wall-clock, critical path.
+
+For the paper's RNN (input 1, hidden 20, on synthetic bitstreams; initial weights, weights
+after a short training, and its recurrent weights scaled to be contractive (x0.5) or expansive
+(x4, chaotic)) and its GRU on IRMAS shapes (24 features, hidden 20, standard-normal inputs), over
+T from 100 to 100k, in float32 and float64, every example of a batch separately:
+
+* Newton iterations (mean, max), the fallback rate (examples whose residual did not converge
+  and whose rest was computed sequentially), the largest certified residual, and the relative
+  difference of the final state from ``lax.scan``'s (past the Lyapunov time of a chaotic cell no
+  two methods agree; the residual is then the measure);
+* the dependent steps on the critical path of forward + backward, which decide the speed on a
+  parallel device: BP ``2T``; sequential forward + BPPSA backward ``T + L + 2``; Newton + BPPSA
+  ``k (L + 1) + 1 + F + L + 2``, with ``L = 2 ceil(log2(T + 1))`` the scan's levels, ``k`` the
+  iterations (the batch's largest: the examples run together) and ``F`` the fallback's
+  sequential steps;
+* with ``--timing``: the forward's wall-clock on this machine against ``lax.scan`` (float32,
+  interleaved rounds, minimum and median after a warm-up).
+
+Rows are appended to a JSON-lines file as they finish (``--out``; a rerun skips the rows it
+finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import bppsa
+from bppsa.data.synthetic import Bitstreams
+from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
+
+FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
+QUICK_T = (100, 1_000)
+CASES = ("rnn-init", "rnn-trained", "rnn-contractive", "rnn-expansive", "gru-irmas")
+DTYPES = ("float32", "float64")
+TIMING_T = (1_000, 10_000)
+TRAIN_STEPS, TRAIN_T = 300, 1_000  # the demo's training: Adam, lr 3e-4, batch 16
+
+
+def batch_for(length: int) -> int:
+    """Examples per configuration: 16 (the paper's batch) up to 10k steps, fewer above."""
+    return 16 if length <= 10_000 else (4 if length <= 30_000 else 1)
+
+
+def levels(length: int) -> int:
+    return 2 * max(1, math.ceil(math.log2(length + 1)))
+
+
+def critical_path(length: int, iterations: int, fallback: int) -> dict:
+    """Dependent steps of one forward + backward (see the module docstring)."""
+    scan = levels(length)
+    return {
+        "bp": 2 * length,
+        "bppsa": length + scan + 2,
+        "newton_bppsa": iterations * (scan + 1) + 1 + fallback + scan + 2,
+    }
+
+
+def trained_rnn(seed: int = 0) -> dict:
+    """The paper's RNN classifier after the demo's short training (Adam, lr 3e-4)."""
+    model = SequenceClassifier(1, 20, 10)
+    params = model.init(key=jax.random.key(seed))
+    data = Bitstreams(length=TRAIN_T, seed=seed)
+    optimizer = optax.adam(3e-4)
+    state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, state, xs, labels):
+        grads = bppsa.grad(model.loss)(params, xs, labels)
+        updates, state = optimizer.update(grads, state)
+        return optax.apply_updates(params, updates), state
+
+    for i in range(TRAIN_STEPS):
+        xs, labels = data.batch("train", iteration=i, batch_size=16)
+        params, state = step(params, state, xs, labels)
+    return params["cell"]
+
+
+def case(name: str, trained: dict | None):
+    """``(cell, params, input_size)`` of a named case."""
+    if name == "gru-irmas":
+        return gru_cell, GRU().init(24, 20, key=jax.random.key(0)), 24
+    params = SequenceClassifier(1, 20, 10).init(key=jax.random.key(0))["cell"]
+    if name == "rnn-trained":
+        params = trained
+    elif name in ("rnn-contractive", "rnn-expansive"):
+        scale = 0.5 if name == "rnn-contractive" else 4.0
+        params = {**params, "weight_hh": scale * params["weight_hh"]}
+    return rnn_cell, params, 1
+
+
+def inputs(name: str, length: int, batch: int, size: int, dtype) -> jax.Array:
+    if name == "gru-irmas":
+        return jax.random.normal(jax.random.key(1), (batch, length, size), dtype)
+    xs, _ = Bitstreams(length=length, seed=1).batch("test", iteration=0, batch_size=batch)
+    return jnp.asarray(xs, dtype)
+
+
+def scans(cell, params, dtype, forward):
+    """Jitted batched forwards: bppsa.scan with ``forward`` and lax.scan."""
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
+    body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
+    h0 = jnp.zeros(20, dtype)
+    newton = jax.jit(jax.vmap(lambda xs: bppsa.scan(body, h0, xs, forward=forward)[0]))
+    reference = jax.jit(jax.vmap(lambda xs: jax.lax.scan(body, h0, xs)[0]))
+    return newton, reference
+
+
+def count_row(name, length, dtype_name, quasi, trained) -> dict:
+    dtype = jnp.dtype(dtype_name)
+    cell, params, size = case(name, trained)
+    batch = batch_for(length)
+    infos: list[dict] = []
+
+    def record(info):
+        infos.append({k: np.asarray(v).tolist() for k, v in info._asdict().items()})
+
+    newton, reference = scans(cell, params, dtype, bppsa.Newton(quasi=quasi, callback=record))
+    xs = inputs(name, length, batch, size, dtype)
+    start = time.perf_counter()
+    h = jax.block_until_ready(newton(xs))
+    seconds = time.perf_counter() - start
+    h_ref = reference(xs)
+    per_example = _per_example(infos, batch)
+    iterations = [i["iterations"] for i in per_example]
+    fallbacks = [i["fallback_steps"] for i in per_example]
+    scale = float(jnp.max(jnp.abs(h_ref)))
+    return {
+        "case": name,
+        "T": length,
+        "B": batch,
+        "dtype": dtype_name,
+        "quasi": quasi,
+        "iterations_mean": statistics.fmean(iterations),
+        "iterations_max": max(iterations),
+        "fallback_rate": sum(not i["converged"] for i in per_example) / batch,
+        "fallback_steps_max": max(fallbacks),
+        "residual_max": max(i["residual"] for i in per_example),
+        "tolerance": bppsa.Newton().tolerance(dtype),
+        "difference_from_lax_scan": float(jnp.max(jnp.abs(h - h_ref))) / max(scale, 1e-30),
+        "critical_path": critical_path(length, max(iterations), max(fallbacks)),
+        "first_call_s": seconds,
+    }
+
+
+def _per_example(infos: list[dict], batch: int) -> list[dict]:
+    """One info per example: ``jax.debug.callback`` under ``jax.vmap`` calls once per example
+    (or once with batched values, on some versions)."""
+    if len(infos) == batch:
+        return infos
+    (info,) = infos
+    return [{k: np.ravel(v)[b].item() for k, v in info.items()} for b in range(batch)]
+
+
+def timing_row(length: int, rounds: int) -> dict:
+    """Wall-clock of the forward: Newton (full, quasi) against lax.scan, interleaved."""
+    cell, params, size = case("rnn-init", None)
+    batch = batch_for(length)
+    xs = inputs("rnn-init", length, batch, size, jnp.float32)
+    full, reference = scans(cell, params, jnp.float32, bppsa.Newton())
+    quasi, _ = scans(cell, params, jnp.float32, bppsa.Newton(quasi=True))
+    fns = {"lax_scan": reference, "newton": full, "newton_quasi": quasi}
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for fn in fns.values():
+        jax.block_until_ready(fn(xs))
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(xs))
+            times[key].append(time.perf_counter() - start)
+    row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
+    for key, ts in times.items():
+        row[f"{key}_min_s"], row[f"{key}_median_s"] = min(ts), statistics.median(ts)
+    for key in ("newton", "newton_quasi"):
+        row[f"{key}_over_lax_scan_median"] = row[f"{key}_median_s"] / row["lax_scan_median_s"]
+    return row
+
+
+def _done(path: pathlib.Path) -> set:
+    if not path.is_file():
+        return set()
+    keys = set()
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line
+            continue
+        keys.add((row["case"], row["T"], row["dtype"], row.get("quasi", False)))
+    return keys
+
+
+def _append(path: pathlib.Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_T} only")
+    parser.add_argument("--timing", action="store_true", help="also time the forward")
+    parser.add_argument("--rounds", type=int, default=7, help="timing rounds (default 7)")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="JSON-lines results")
+    args = parser.parse_args(argv)
+    out = args.out or pathlib.Path(
+        f"benchmarks/results/newton_{'quick' if args.quick else 'cpu'}.jsonl"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = _done(out)
+    if not done:
+        _append(out, {"case": "machine", "T": 0, "dtype": "", "platform": platform.platform(),
+                      "devices": str(jax.devices()), "jax": jax.__version__})  # fmt: skip
+    lengths = QUICK_T if args.quick else FULL_T
+    trained = trained_rnn() if "rnn-trained" in args.cases else None
+    plan = [
+        (name, length, dtype, quasi)
+        for length in lengths
+        for name in args.cases
+        for dtype in DTYPES
+        for quasi in ((False, True) if name in ("rnn-init", "gru-irmas") else (False,))
+        if not (quasi and dtype == "float64")
+    ]
+    with jax.enable_x64(True):
+        for name, length, dtype, quasi in plan:
+            if (name, length, dtype, quasi) in done:
+                continue
+            row = count_row(name, length, dtype, quasi, trained)
+            _append(out, row)
+            print(_summary(row), flush=True)
+    if args.timing:
+        for length in TIMING_T[:1] if args.quick else TIMING_T:
+            if ("timing", length, "float32", False) not in done:
+                row = timing_row(length, args.rounds)
+                _append(out, row)
+                print(row, flush=True)
+
+
+def _summary(row: dict) -> str:
+    path = row["critical_path"]
+    return (
+        f"{row['case']:16s} T={row['T']:>6} {row['dtype']} quasi={row['quasi']!s:5} "
+        f"iterations {row['iterations_mean']:.1f} (max {row['iterations_max']}) "
+        f"fallback {row['fallback_rate']:.2f} residual {row['residual_max']:.1e} "
+        f"diff {row['difference_from_lax_scan']:.1e} | critical path BP {path['bp']} "
+        f"BPPSA {path['bppsa']} Newton+BPPSA {path['newton_bppsa']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
