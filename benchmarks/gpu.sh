@@ -7,9 +7,10 @@
 # does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
 # CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
 # Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end),
-# sharded_gpu.json (bppsa.Sharded on the device, if time is left), vgg11_gpu/benchmark.json (the
-# pruned VGG-11's backward over its layers, if time is left) and speed_gpu.log into $OUT (the
-# device tool's output folder), else results/.
+# sharded_gpu.json (bppsa.Sharded on the device, if time is left), newton_gpu.jsonl (the Newton
+# forward, if time is left), vgg11_gpu/benchmark.json (the pruned VGG-11's backward over its
+# layers, if time is left) and speed_gpu.log into $OUT (the device tool's output folder), else
+# results/.
 #
 #   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
 #   bash benchmarks/gpu.sh --dry-run  # the same grids with tiny sizes, anywhere, in seconds
@@ -71,6 +72,18 @@ if ((status == 0 || status == 124 || status == 137)) && ((left >= 45)); then
     timeout --kill-after=10 "$left" python3 -m benchmarks.sharded "${sharded_args[@]}" \
         --out "$out_dir/sharded_gpu.json" 2>&1 | tee -a "$log" ||
         echo "gpu.sh: benchmarks.sharded exit $? (the speed results stand)" | tee -a "$log"
+fi
+# The Newton forward (benchmarks/newton.py, H = 20, float32): iterations and fallbacks at
+# T = 1k and 10k, and the wall-clock of the forward (against lax.scan) and of whole gradients
+# (BP; Blelloch backward after the sequential and the Newton forward) at T = 1k, 10k, 30k, B = 16.
+newton_args=(--require-backend gpu --cases rnn-init rnn-trained gru-irmas --dtypes float32
+    --lengths 1000 10000 --timing --timing-lengths 1000 10000 30000 --rounds 5)
+[[ " $* " == *" --dry-run "* ]] && newton_args=(--cases rnn-init --dry-run --timing)
+left=$((deadline - SECONDS))
+if ((status == 0 || status == 124 || status == 137)) && ((left >= 60)); then
+    timeout --kill-after=10 "$left" python3 -m benchmarks.newton "${newton_args[@]}" \
+        --out "$out_dir/newton_gpu.jsonl" 2>&1 | tee -a "$log" ||
+        echo "gpu.sh: benchmarks.newton exit $? (the speed results stand)" | tee -a "$log"
 fi
 # Pruned VGG-11's backward over its layers (experiments/pruned_vgg11.py benchmark, 32x32): dense
 # back-propagation vs the sequential sparse chain and two parallel levels, if time is left.

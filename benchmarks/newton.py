@@ -14,11 +14,13 @@ T from 100 to 100k, in float32 and float64, every example of a batch separately:
   ``k (L + 1) + 1 + F + L + 2``, with ``L = 2 ceil(log2(T + 1))`` the scan's levels, ``k`` the
   iterations (the batch's largest: the examples run together) and ``F`` the fallback's
   sequential steps;
-* with ``--timing``: the forward's wall-clock on this machine against ``lax.scan`` (float32,
-  interleaved rounds, minimum and median after a warm-up).
+* with ``--timing``: the forward's wall-clock on this machine against ``lax.scan``, and that of
+  a whole gradient (BP; the Blelloch backward after the sequential and after the Newton
+  forward), float32, interleaved rounds, minimum and median after a warm-up.
 
 Rows are appended to a JSON-lines file as they finish (``--out``; a rerun skips the rows it
-finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``.
+finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``; on a GPU,
+``benchmarks/gpu.sh`` runs it; ``--dry-run`` checks the code path with tiny sizes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ CASES = ("rnn-init", "rnn-trained", "rnn-contractive", "rnn-expansive", "gru-irm
 DTYPES = ("float32", "float64")
 TIMING_T = (1_000, 10_000)
 TRAIN_STEPS, TRAIN_T = 300, 1_000  # the demo's training: Adam, lr 3e-4, batch 16
+DRY_RUN = dict(lengths=(8,), timing_lengths=(8,), rounds=1, train_steps=2, dtypes=("float32",))
 
 
 def batch_for(length: int) -> int:
@@ -68,11 +71,11 @@ def critical_path(length: int, iterations: int, fallback: int) -> dict:
     }
 
 
-def trained_rnn(seed: int = 0) -> dict:
+def trained_rnn(seed: int = 0, steps: int = TRAIN_STEPS) -> dict:
     """The paper's RNN classifier after the demo's short training (Adam, lr 3e-4)."""
     model = SequenceClassifier(1, 20, 10)
     params = model.init(key=jax.random.key(seed))
-    data = Bitstreams(length=TRAIN_T, seed=seed)
+    data = Bitstreams(length=TRAIN_T if steps == TRAIN_STEPS else 16, seed=seed)
     optimizer = optax.adam(3e-4)
     state = optimizer.init(params)
 
@@ -82,7 +85,7 @@ def trained_rnn(seed: int = 0) -> dict:
         updates, state = optimizer.update(grads, state)
         return optax.apply_updates(params, updates), state
 
-    for i in range(TRAIN_STEPS):
+    for i in range(steps):
         xs, labels = data.batch("train", iteration=i, batch_size=16)
         params, state = step(params, state, xs, labels)
     return params["cell"]
@@ -164,14 +167,41 @@ def _per_example(infos: list[dict], batch: int) -> list[dict]:
     return [{k: np.ravel(v)[b].item() for k, v in info.items()} for b in range(batch)]
 
 
+def gradients(cell, params, forward):
+    """Jitted gradients of a loss on the batch's final states: BP (``jax.grad`` through
+    ``lax.scan``) and ``bppsa.grad`` with the Blelloch backward and ``forward``."""
+
+    def loss(params, xs, scan, **kw):
+        body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
+        h0 = jnp.zeros(20, jnp.float32)
+        return jnp.sum(jax.vmap(lambda xs: scan(body, h0, xs, **kw)[0])(xs) ** 2)
+
+    bp = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))
+    ours = jax.jit(
+        bppsa.grad(lambda p, xs: loss(p, xs, bppsa.scan), method="blelloch", forward=forward)
+    )
+    return lambda xs: bp(params, xs), lambda xs: ours(params, xs)
+
+
 def timing_row(length: int, rounds: int) -> dict:
-    """Wall-clock of the forward: Newton (full, quasi) against lax.scan, interleaved."""
+    """Wall-clock of the forward (Newton, full and quasi, against lax.scan) and of a whole
+    gradient (BP; Blelloch backward after the sequential and after the Newton forward),
+    interleaved."""
     cell, params, size = case("rnn-init", None)
     batch = batch_for(length)
     xs = inputs("rnn-init", length, batch, size, jnp.float32)
     full, reference = scans(cell, params, jnp.float32, bppsa.Newton())
     quasi, _ = scans(cell, params, jnp.float32, bppsa.Newton(quasi=True))
-    fns = {"lax_scan": reference, "newton": full, "newton_quasi": quasi}
+    grad_bp, grad_blelloch = gradients(cell, params, "sequential")
+    _, grad_newton = gradients(cell, params, "newton")
+    fns = {
+        "lax_scan": reference,
+        "newton": full,
+        "newton_quasi": quasi,
+        "grad_bp": grad_bp,
+        "grad_blelloch": grad_blelloch,
+        "grad_newton_blelloch": grad_newton,
+    }
     times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         jax.block_until_ready(fn(xs))
@@ -185,6 +215,8 @@ def timing_row(length: int, rounds: int) -> dict:
         row[f"{key}_min_s"], row[f"{key}_median_s"] = min(ts), statistics.median(ts)
     for key in ("newton", "newton_quasi"):
         row[f"{key}_over_lax_scan_median"] = row[f"{key}_median_s"] / row["lax_scan_median_s"]
+    for key in ("grad_blelloch", "grad_newton_blelloch"):
+        row[f"{key}_over_bp_median"] = row[f"{key}_median_s"] / row["grad_bp_median_s"]
     return row
 
 
@@ -214,8 +246,21 @@ def main(argv=None) -> None:
     parser.add_argument("--timing", action="store_true", help="also time the forward")
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds (default 7)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
+    parser.add_argument("--lengths", nargs="+", type=int, help="T grid (default: the full one)")
+    parser.add_argument("--timing-lengths", nargs="+", type=int, default=list(TIMING_T))
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes: checks the code path")
+    parser.add_argument("--require-backend", help="stop at once unless JAX runs on this backend")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="JSON-lines results")
     args = parser.parse_args(argv)
+    if args.require_backend and jax.default_backend() != args.require_backend:
+        raise SystemExit(
+            f"benchmarks.newton: JAX's backend is {jax.default_backend()!r}, not "
+            f"{args.require_backend!r}."
+        )
+    if args.dry_run:
+        args.lengths, args.timing_lengths = DRY_RUN["lengths"], DRY_RUN["timing_lengths"]
+        args.rounds, args.dtypes = DRY_RUN["rounds"], DRY_RUN["dtypes"]
     out = args.out or pathlib.Path(
         f"benchmarks/results/newton_{'quick' if args.quick else 'cpu'}.jsonl"
     )
@@ -224,13 +269,14 @@ def main(argv=None) -> None:
     if not done:
         _append(out, {"case": "machine", "T": 0, "dtype": "", "platform": platform.platform(),
                       "devices": str(jax.devices()), "jax": jax.__version__})  # fmt: skip
-    lengths = QUICK_T if args.quick else FULL_T
-    trained = trained_rnn() if "rnn-trained" in args.cases else None
+    lengths = args.lengths or (QUICK_T if args.quick else FULL_T)
+    steps = DRY_RUN["train_steps"] if args.dry_run else TRAIN_STEPS
+    trained = trained_rnn(steps=steps) if "rnn-trained" in args.cases else None
     plan = [
         (name, length, dtype, quasi)
         for length in lengths
         for name in args.cases
-        for dtype in DTYPES
+        for dtype in args.dtypes
         for quasi in ((False, True) if name in ("rnn-init", "gru-irmas") else (False,))
         if not (quasi and dtype == "float64")
     ]
@@ -242,7 +288,7 @@ def main(argv=None) -> None:
             _append(out, row)
             print(_summary(row), flush=True)
     if args.timing:
-        for length in TIMING_T[:1] if args.quick else TIMING_T:
+        for length in args.timing_lengths[:1] if args.quick else args.timing_lengths:
             if ("timing", length, "float32", False) not in done:
                 row = timing_row(length, args.rounds)
                 _append(out, row)

@@ -107,6 +107,19 @@ def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     assert set(sharded["rows"][0]["methods"]) == {"bp", "all_gather", "ppermute", "pipelined"}
 
 
+def test_dry_run_also_runs_the_newton_benchmark(dry_run):
+    _, out = dry_run
+    rows = [json.loads(line) for line in (out / "newton_gpu.jsonl").read_text().splitlines()]
+    counts = [r for r in rows if r["case"] == "rnn-init"]
+    assert [(r["T"], r["dtype"], r["quasi"]) for r in counts] == [
+        (8, "float32", False),
+        (8, "float32", True),
+    ]
+    assert all(r["fallback_rate"] == 0 and r["difference_from_lax_scan"] < 1e-4 for r in counts)
+    (timing,) = [r for r in rows if r["case"] == "timing"]
+    assert timing["newton_median_s"] > 0 and timing["grad_newton_blelloch_median_s"] > 0
+
+
 def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):
     _, out = dry_run
     payload = json.loads((out / "vgg11_gpu" / "benchmark.json").read_text())
