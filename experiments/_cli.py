@@ -24,6 +24,11 @@ METHODS_HELP = (
     "backward methods: bp (back-propagation), bppsa (bppsa.Auto(): Blelloch on accelerators), "
     "blelloch, chunked, chunked-C, sequential-jacobians (default: bp bppsa)"
 )
+FORWARD_HELP = (
+    "forward pass of the BPPSA methods: sequential (lax.scan; default) or newton "
+    "(bppsa.Newton(): Newton iterations over the whole sequence, each a parallel scan); "
+    "bp always runs jax.grad through lax.scan, the reference the losses are compared with"
+)
 
 # ----------------------------------------------------------------------------- argument types
 
@@ -142,9 +147,16 @@ def add_methods(
 
 def add_training(parser: argparse.ArgumentParser, *, lr: str) -> None:
     """The options of training runs (read by :func:`training_config`): ``--methods`` (default
-    ``bp bppsa``), ``--lr`` (Adam's learning rate, ``lr`` the default as text), and the run
+    ``bp bppsa``), ``--forward`` (the forward pass of the BPPSA methods; ``bp`` keeps
+    ``lax.scan``), ``--lr`` (Adam's learning rate, ``lr`` the default as text), and the run
     length, ``--iterations`` or ``--epochs``."""
     add_methods(parser, [method_names.BP, method_names.BPPSA])
+    parser.add_argument(
+        "--forward",
+        choices=_methods.FORWARDS,
+        default=_methods.SEQUENTIAL_FORWARD,
+        help=FORWARD_HELP,
+    )
     parser.add_argument("--lr", type=positive_float, help=f"Adam learning rate (default {lr})")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--iterations", type=positive_int, help="iterations per run")
@@ -161,10 +173,11 @@ def add_checkpoint_every(parser: argparse.ArgumentParser) -> None:
 
 
 def training_config(base: Any, args: argparse.Namespace, **overrides: Any) -> Any:
-    """``base`` (a frozen dataclass with ``lr``, ``iterations`` and ``epochs``) with the options
-    of :func:`add_training` and ``overrides`` that were given (not ``None``) applied; the run
-    length given replaces the other."""
-    given = {k: v for k, v in (dict(lr=args.lr) | overrides).items() if v is not None}
+    """``base`` (a frozen dataclass with ``lr``, ``forward``, ``iterations`` and ``epochs``) with
+    the options of :func:`add_training` and ``overrides`` that were given (not ``None``)
+    applied; the run length given replaces the other."""
+    options = dict(lr=args.lr, forward=args.forward) | overrides
+    given = {k: v for k, v in options.items() if v is not None}
     config = dataclasses.replace(base, **given)
     if args.iterations is not None:
         config = dataclasses.replace(config, iterations=args.iterations, epochs=None)

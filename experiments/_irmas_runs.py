@@ -31,6 +31,8 @@ class Config:
     Attributes:
         variant: MFCC variant, ``"S"``, ``"M"`` or ``"L"``.
         batch, hidden, lr: batch size, GRU hidden size and Adam's learning rate.
+        forward: the forward pass of the BPPSA methods, ``"sequential"`` (``lax.scan``) or
+            ``"newton"`` (``bppsa.Newton()``); BP runs ``lax.scan`` in any case.
         seed: parameter initialization and the data order.
         iterations, epochs: run length; ``iterations`` wins when both are set.
         forward_every: time the forward alone every this many iterations.
@@ -41,6 +43,7 @@ class Config:
     batch: int = 16
     hidden: int = 20
     lr: float = 3e-4
+    forward: str = _methods.SEQUENTIAL_FORWARD
     seed: int = 0
     iterations: int | None = None
     epochs: float | None = 1.0
@@ -114,6 +117,7 @@ def make_trainers(
         resolved=lambda name: _methods.describe(  # a GRU step's Jacobian keeps 4 H floats
             name, clips.frames, config.hidden, batch=config.batch, element=4 * config.hidden
         ),
+        forward=config.forward,
         label=f"{config.variant} B={config.batch}",
         num_iterations=config.num_iterations(clips),
         checkpoint_every=checkpoint_every,

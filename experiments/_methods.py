@@ -6,6 +6,11 @@ differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa
 accelerators the fastest of BP, Blelloch and Chunked by its cost model, on CPUs a time-blocked
 Jacobian-based sequential scan, or there plain back-propagation for large batches); the other
 names pick a method explicitly.
+
+The forward pass of the scans is chosen apart from the method: ``"sequential"`` (``lax.scan``,
+the default) or ``"newton"`` (``bppsa.Newton()``: Newton iterations on the whole trajectory,
+each a parallel scan). Only the BPPSA methods take it: ``bp`` is the reference, plain JAX
+through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,12 @@ OVER_LAYERS = (
     method_names.BLELLOCH_LEVELS,
     method_names.SEQUENTIAL_JACOBIANS,
 )
+
+
+# The names of the forward passes (``--forward``), the default first.
+SEQUENTIAL_FORWARD = "sequential"
+NEWTON_FORWARD = "newton"
+FORWARDS = (SEQUENTIAL_FORWARD, NEWTON_FORWARD)
 
 
 def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method:
@@ -60,6 +71,37 @@ def build(name: method_names.Name) -> bppsa.Method:
         chunked = bppsa.Chunked(name.chunks)
         return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
     raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")
+
+
+def is_baseline(name: str, forms: Sequence[str] = OVER_TIME) -> bool:
+    """Whether method ``name`` is plain back-propagation (``bp``, or ``sequential``)."""
+    return method_names.parse(name, forms).form in (method_names.BP, method_names.SEQUENTIAL)
+
+
+def forward_of(name: str, forward: str, forms: Sequence[str] = OVER_TIME) -> str:
+    """The forward pass that method ``name`` runs when the BPPSA methods run ``forward`` (a name
+    of :data:`FORWARDS`): the back-propagation baseline always runs ``lax.scan``, the
+    reference the others are compared with.
+
+    Raises:
+        ValueError: for an unknown method or forward name, listing the valid ones.
+    """
+    parse_forward(forward)  # refuses an unknown name
+    return SEQUENTIAL_FORWARD if is_baseline(name, forms) else forward
+
+
+def parse_forward(forward: str) -> bppsa.Newton | None:
+    """The forward object of a name of :data:`FORWARDS` (``None``: ``lax.scan``, the library's
+    default).
+
+    Raises:
+        ValueError: for another name, listing the valid ones.
+    """
+    if forward == SEQUENTIAL_FORWARD:
+        return None
+    if forward == NEWTON_FORWARD:
+        return bppsa.Newton()
+    raise ValueError(f"forward {forward!r} is not known; expected one of {', '.join(FORWARDS)}.")
 
 
 def describe(

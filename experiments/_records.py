@@ -94,12 +94,24 @@ def load_checkpoint(path: str | os.PathLike, like: Any) -> tuple[Any, dict[str, 
     return jax.tree.unflatten(treedef, [jax.numpy.asarray(x) for x in leaves]), extra
 
 
+# Keys that the configurations gained after result files had been written, with the value
+# that such older files ran with: they resume as if they held them, so they stay valid.
+ADDED_KEYS = {"forward": "sequential"}  # --forward; before it, every run ran lax.scan
+
+
+def same_config(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a result file's configuration ``old`` is ``new`` (a key of :data:`ADDED_KEYS`
+    that either lacks counts with its value there)."""
+    return ADDED_KEYS | old == ADDED_KEYS | new
+
+
 class ResultsFolderError(ValueError):
     """A results folder that cannot be resumed: it holds results of another configuration."""
 
 
 def config_mismatch(path: os.PathLike | str, what: str, old: dict, new: dict) -> ResultsFolderError:
     """The error for resuming into ``path``, which holds a ``what`` run with config ``old``."""
+    old, new = ADDED_KEYS | old, ADDED_KEYS | new
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     diffs = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
     return ResultsFolderError(
@@ -129,7 +141,7 @@ def resume_points(
     rows = log.read()
     metadata = run_metadata(config)
     first = next((row for row in rows if row.get("kind") == "sweep"), None)
-    if first is not None and first["config"] != metadata["config"]:
+    if first is not None and not same_config(first["config"], metadata["config"]):
         raise config_mismatch(log.path, what, first["config"], metadata["config"])
     log.append({"kind": "sweep"} | metadata)
     done = [row for row in rows if row.get("kind") == "point"]

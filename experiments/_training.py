@@ -8,12 +8,16 @@ and the batches of iterations ``start, start + 1, ...``.
 Timing of one iteration (every function is jitted and compiled before the first timed call;
 each call is waited for with ``jax.block_until_ready``):
 
-* ``grad_s``: ``bppsa.value_and_grad(loss, method=...)``, i.e. forward + backward;
+* ``grad_s``: ``bppsa.value_and_grad(loss, method=..., forward=...)``, i.e. forward + backward;
 * ``update_s``: the optimizer's update and ``optax.apply_updates``;
 * ``step_s = grad_s + update_s``: the training iteration;
 * ``forward_s``: the jitted loss alone on the same parameters and batch, an EXTRA call made every
   ``forward_every`` iterations (``None`` in the other rows) and not part of training;
 * ``backward_s = grad_s - forward_s``: the paper's definition of the backward time.
+
+The forward-only call is the same jitted loss in every run, with ``lax.scan``'s forward: with
+``forward="newton"``, ``grad_s`` of the BPPSA runs holds the Newton forward instead, and their
+``backward_s`` then also holds the difference of the two forwards (``step_s`` stays exact).
 
 ``wall_clock_s`` accumulates ``step_s``: training time without data generation, the extra forward
 calls, evaluation, logging and checkpoints (the x axis of the paper's Fig. 7). ``elapsed_s`` is
@@ -43,7 +47,13 @@ from tqdm.auto import tqdm
 
 import bppsa
 from experiments import _methods
-from experiments._records import config_mismatch, load_checkpoint, run_metadata, save_checkpoint
+from experiments._records import (
+    config_mismatch,
+    load_checkpoint,
+    run_metadata,
+    same_config,
+    save_checkpoint,
+)
 from experiments._timing import timed
 from results_io import JsonLines
 
@@ -95,6 +105,8 @@ class Trainer:
         optimizer: an optax gradient transformation.
         method: backward method for ``bppsa.value_and_grad`` (object or name; ``"sequential"``
             is plain back-propagation).
+        forward: forward pass for ``bppsa.value_and_grad`` (``None`` or ``"sequential"``:
+            ``lax.scan``; ``"newton"`` or a ``bppsa.Newton(...)``).
         out_dir: folder of this run's ``metrics.jsonl`` and ``checkpoint.npz``.
         config: JSON-able description of the run; resuming requires the same one.
         num_iterations: iterations of the whole run (may grow between sessions).
@@ -119,6 +131,7 @@ class Trainer:
         optimizer: optax.GradientTransformation,
         *,
         method: bppsa.Method | str,
+        forward: bppsa.Newton | str | None = None,
         out_dir: str | pathlib.Path,
         config: dict[str, Any],
         num_iterations: int,
@@ -141,6 +154,7 @@ class Trainer:
         self.task = task
         self.optimizer = optimizer
         self.method = method
+        self.forward = forward
         self.out_dir = pathlib.Path(out_dir)
         self.config = json.loads(json.dumps(config))  # as it reads back from the log
         self.num_iterations = num_iterations
@@ -180,7 +194,7 @@ class Trainer:
         if self._state is not None:
             return self._state.iteration
         sessions = [row for row in self.log.read() if row.get("kind") == "session"]
-        if sessions and sessions[0]["config"] != self.config:
+        if sessions and not same_config(sessions[0]["config"], self.config):
             raise config_mismatch(self.out_dir, "run", sessions[0]["config"], self.config)
         opt_state = self.optimizer.init(self.task.params)
         loaded = load_checkpoint(self._checkpoint, like=(self.task.params, opt_state))
@@ -253,7 +267,7 @@ class Trainer:
         self._batches = iter(self.task.batches(state.iteration))
         first = jax.block_until_ready(next(self._batches))
         self._batches = _prepend(first, self._batches)
-        grad_fn = bppsa.value_and_grad(self.task.loss, method=self.method)
+        grad_fn = bppsa.value_and_grad(self.task.loss, method=self.method, forward=self.forward)
 
         def update(grads, opt_state, params):
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
@@ -353,21 +367,26 @@ def lockstep_trainers(
     *,
     resolved: Callable[[str], str],
     label: str,
+    forward: str = _methods.SEQUENTIAL_FORWARD,
     **options: Any,
 ) -> dict[str, Trainer]:
     """A trainer per method name (``experiments._methods``) on the same task and optimizer.
 
-    Each logs to ``out_dir/<name>/`` with ``config`` plus its method name and ``resolved(name)``
-    (what the method runs), shows ``"<name> <label>"`` on its progress bar, and takes
-    ``options`` (e.g. ``num_iterations``) as :class:`Trainer` does.
+    The BPPSA methods run the forward pass ``forward`` (a name of ``_methods.FORWARDS``), the
+    back-propagation baseline ``lax.scan`` in any case (``_methods.forward_of``). Each logs to
+    ``out_dir/<name>/`` with ``config`` plus its method name, ``resolved(name)`` (what the
+    method runs) and the forward it runs, shows ``"<name> <label>"`` on its progress bar, and
+    takes ``options`` (e.g. ``num_iterations``) as :class:`Trainer` does.
     """
+    forwards = {name: _methods.forward_of(name, forward) for name in methods}
     return {
         name: Trainer(
             task,
             optimizer,
             method=_methods.parse_method(name),
+            forward=_methods.parse_forward(forwards[name]),
             out_dir=pathlib.Path(out_dir) / name,
-            config=config | dict(method=name, resolved=resolved(name)),
+            config=config | dict(method=name, resolved=resolved(name), forward=forwards[name]),
             name=f"{name} {label}",
             position=position,
             **options,

@@ -18,6 +18,9 @@ Commands:
 
 Configurations: ``--quick`` (the default: a few hundred iterations, for a CPU) and ``--paper``
 (the artifact's 400 epochs; for a GPU). Any option overrides the configuration's value.
+``train --forward newton`` runs the forward pass of BPPSA by Newton iterations
+(``bppsa.Newton()``); BP keeps ``lax.scan`` (the reference), and each run's log records the
+forward it ran.
 
 Results go to ``<out>/<name>/`` (default ``results/gru_irmas/<command>-<config>/``):
 ``breakdown.jsonl``, or per variant ``<variant>-B<batch>/<method>/{metrics.jsonl,

@@ -13,7 +13,9 @@ Commands:
             per-iteration times and the speedups.
 
 Configurations: ``--quick`` (the default; minutes on a 2-core CPU) and ``--paper`` (the paper's
-T, B and epochs; for a GPU). Any option overrides the configuration's value.
+T, B and epochs; for a GPU). Any option overrides the configuration's value. ``--forward newton``
+runs the forward pass of the BPPSA methods by Newton iterations (``bppsa.Newton()``); BP keeps
+``lax.scan`` (the reference), and each run's log records the forward it ran.
 
 Results go to ``<out>/<name>/`` (default ``results/rnn_synthetic/<command>-<config>/``): each
 run's ``metrics.jsonl`` and ``checkpoint.npz`` (``train``: one folder per method; ``sweep``:
@@ -44,6 +46,7 @@ import bppsa
 from bppsa.data import Bitstreams
 from bppsa.models import SequenceClassifier
 from experiments import _cli, _methods, _report
+from experiments._records import ResultsFolderError
 from experiments._sweep import compare, run_sweep
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
 from results_io import methods as method_names
@@ -60,6 +63,8 @@ class Config:
     Attributes:
         length, batch, hidden: sequence length T, batch size B and hidden size H.
         lr: Adam's learning rate.
+        forward: the forward pass of the BPPSA methods, ``"sequential"`` (``lax.scan``) or
+            ``"newton"`` (``bppsa.Newton()``); BP runs ``lax.scan`` in any case.
         num_samples, train_fraction, seed: the data (see :class:`bppsa.data.Bitstreams`); the
             seed also initializes the parameters.
         iterations, epochs: run length; ``iterations`` wins when both are set.
@@ -72,6 +77,7 @@ class Config:
     batch: int = 16
     hidden: int = 20
     lr: float = 1e-5
+    forward: str = _methods.SEQUENTIAL_FORWARD
     num_samples: int = 50_000
     train_fraction: float = 0.64
     seed: int = 0
@@ -170,6 +176,7 @@ def make_trainers(
         resolved=lambda name: _methods.describe(
             name, config.length, config.hidden, batch=config.batch, element=config.hidden
         ),
+        forward=config.forward,
         label=f"T={config.length} B={config.batch}",
         num_iterations=config.num_iterations(),
         checkpoint_every=checkpoint_every,
@@ -355,6 +362,13 @@ def _check(parser: argparse.ArgumentParser, config: Config, batches: Sequence[in
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except ResultsFolderError as error:  # found only once the run folder is opened
+        _cli.fail(parser, args, error)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     preset = PRESETS[_cli.configuration(args)]
     progress = _cli.progress(args)
     folder = _cli.run_folder(args, preset.name)
