@@ -1,21 +1,20 @@
 """Every read of JAX's private state, in one place.
 
-Three things ``bppsa.scan`` needs are not in JAX's public API:
+Two things ``bppsa.scan`` needs are not in JAX's public API:
 
 * :func:`vmapped_batch_size`: how many examples a scan serves at once under ``jax.vmap``. A scan
   written for one example and vmapped over a batch is traced once, with per-example shapes; the
   batch size only shows in the batching traces above it (``Auto()`` and the memory guard weigh
   it). It walks those traces the way JAX dispatches the scan's inputs.
-* :func:`differentiated_forward`: whether a forward-mode trace (``jax.jvp``) would differentiate
-  the scan, so that a custom-VJP scan refuses it with a clear error before tracing.
 * :func:`options_context` / :func:`current_options`: the options of :func:`bppsa.grad` reach the
   scans traced inside it through a JAX configuration state that is part of ``jax.jit``'s cache
   key, so that a function jitted before ``bppsa.grad`` sees them (a plain context variable is
   invisible to the cache, and a jitted function would keep the options of its first trace).
 
 When JAX changes underneath, each of them falls back to something safe (batch 1 with a warning;
-JAX's own error for forward mode; for the options, a context variable, with
-:func:`bppsa.grad` refusing already-jitted functions) and :func:`problems` lists what fell back:
+for the options, a context variable, with :func:`bppsa.grad` refusing already-jitted functions)
+and :func:`problems` lists what fell back (the linear primitive of :mod:`bppsa._core.linear`,
+which uses JAX's extension API, records here too if it cannot be defined):
 ``tests/core/test_tracing.py`` fails on any entry, so a JAX upgrade cannot change behaviour
 unnoticed.
 """
@@ -109,39 +108,6 @@ def _batch_size(value: Any) -> int:
             break
         trace = trace.parent_trace
     return math.prod(sizes)
-
-
-def differentiated_forward(inputs: Any) -> bool:
-    """Whether the innermost trace that differentiates ``inputs`` is forward mode (``jax.jvp``,
-    ``jax.jacfwd``) rather than reverse mode (``jax.grad``'s linearization).
-
-    Batching traces hand the call to their parent; differentiation traces with only zero
-    tangents too. Falls back to False (JAX then raises its own error) if the traces cannot be
-    read.
-    """
-    if _core is None:
-        return False
-    try:
-        return _first_differentiating_trace(jax.tree.leaves(inputs)) == "forward"
-    except (AttributeError, TypeError) as err:
-        _fell_back("forward_mode", f"cannot read JAX's differentiation traces ({err!r})")
-        return False
-
-
-def _first_differentiating_trace(values: list[Any]) -> str | None:
-    trace = _core.trace_ctx.trace
-    while trace is not None:
-        if isinstance(trace, _batching.BatchTrace):
-            values = [trace.to_batch_info(v)[0] for v in values]
-        elif isinstance(trace, _ad.JVPTrace | _ad.LinearizeTrace):
-            pairs = [trace.to_primal_tangent_pair(v) for v in values]
-            if any(type(t) is not _ad.Zero for _, t in pairs):
-                return "forward" if isinstance(trace, _ad.JVPTrace) else "reverse"
-            values = [p for p, _ in pairs]
-        else:
-            return None
-        trace = trace.parent_trace
-    return None
 
 
 def current_options() -> Any:
