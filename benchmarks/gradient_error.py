@@ -18,16 +18,17 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
+from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, LSTM, RNN
-from experiments.demo import bitstreams, max_relative_difference
+from results_io import methods as names
 
 LENGTH, BATCH, HIDDEN = 1000, 16, 20
 METHODS = {
-    "auto": bppsa.Auto(),
-    "blelloch": bppsa.Blelloch(),
-    "chunked": bppsa.Chunked(),
-    "sequential(jacobians=True)": bppsa.Sequential(jacobians=True),
-    "sequential": bppsa.Sequential(),
+    names.AUTO: bppsa.Auto(),
+    names.BLELLOCH: bppsa.Blelloch(),
+    names.CHUNKED: bppsa.Chunked(),
+    names.SEQUENTIAL_JACOBIANS: bppsa.Sequential(jacobians=True),
+    names.SEQUENTIAL: bppsa.Sequential(),
 }
 OUT = pathlib.Path("results/gradient_error.json")
 
@@ -43,13 +44,22 @@ def reference_loss(cell, params, head, xs, labels):
     return -jnp.mean(jnp.take_along_axis(log_probs, labels[:, None], axis=1))
 
 
+def max_relative_difference(actual, expected) -> float:
+    """``max over leaves of max|a - b| / max|b|``."""
+    errors = [
+        float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
+        for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True)
+    ]
+    return max(errors)
+
+
 def main() -> None:
     rows = []
     for dtype_name in ("float32", "float64"):
         with jax.enable_x64(dtype_name == "float64"), jax.default_matmul_precision("highest"):
             dtype = jnp.dtype(dtype_name)
-            xs, labels = bitstreams(jax.random.key(0), BATCH, LENGTH)
-            xs = xs.astype(dtype)
+            xs, labels = Bitstreams(length=LENGTH).batch("train", iteration=0, batch_size=BATCH)
+            xs = jnp.asarray(xs, dtype)
             for name, cell in (("RNN", RNN()), ("GRU", GRU()), ("LSTM", LSTM())):
                 model = bppsa.models.SequenceClassifier(1, HIDDEN, 10, cell=cell)
                 params = model.init(key=jax.random.key(1), dtype=dtype)
