@@ -121,10 +121,10 @@ def scans(cell, params, dtype, forward):
     return newton, reference
 
 
-def count_row(name, length, dtype_name, quasi, trained) -> dict:
+def count_row(name, length, dtype_name, quasi, trained, batch=None) -> dict:
     dtype = jnp.dtype(dtype_name)
     cell, params, size = case(name, trained)
-    batch = batch_for(length)
+    batch = batch or batch_for(length)
     infos: list[dict] = []
 
     def record(info):
@@ -229,7 +229,7 @@ def _done(path: pathlib.Path) -> set:
             row = json.loads(line)
         except json.JSONDecodeError:  # a torn last line
             continue
-        keys.add((row["case"], row["T"], row["dtype"], row.get("quasi", False)))
+        keys.add((row["case"], row["T"], row["dtype"], row.get("quasi", False), row.get("B")))
     return keys
 
 
@@ -249,6 +249,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--lengths", nargs="+", type=int, help="T grid (default: the full one)")
     parser.add_argument("--timing-lengths", nargs="+", type=int, default=list(TIMING_T))
+    parser.add_argument("--batch", type=int, help="examples per row (default: 16 up to T = 10k)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes: checks the code path")
     parser.add_argument("--require-backend", help="stop at once unless JAX runs on this backend")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="JSON-lines results")
@@ -282,14 +283,14 @@ def main(argv=None) -> None:
     ]
     with jax.enable_x64(True):
         for name, length, dtype, quasi in plan:
-            if (name, length, dtype, quasi) in done:
+            if (name, length, dtype, quasi, args.batch or batch_for(length)) in done:
                 continue
-            row = count_row(name, length, dtype, quasi, trained)
+            row = count_row(name, length, dtype, quasi, trained, args.batch)
             _append(out, row)
             print(_summary(row), flush=True)
     if args.timing:
         for length in args.timing_lengths[:1] if args.quick else args.timing_lengths:
-            if ("timing", length, "float32", False) not in done:
+            if ("timing", length, "float32", False, batch_for(length)) not in done:
                 row = timing_row(length, args.rounds)
                 _append(out, row)
                 print(row, flush=True)

@@ -34,8 +34,8 @@ def test_batch_size_through_vmap_jit_and_grad():
     assert seen_batch(lambda f: jax.vmap(f, in_axes=(None, 0)), x[0, 0], jnp.ones(7)) == 7
 
 
-def uses_custom_vjp(fn, *args) -> bool:
-    return "custom_vjp" in str(jax.make_jaxpr(fn)(*args))
+def uses_custom_derivatives(fn, *args) -> bool:
+    return "custom_jvp" in str(jax.make_jaxpr(fn)(*args))
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def uses_custom_vjp(fn, *args) -> bool:
 )
 def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
     """Auto() runs what choose() says for the vmapped batch (on CPUs: a Jacobian method for the
-    small batch, plain back-propagation, i.e. no custom VJP, for the large one)."""
+    small batch, plain back-propagation, i.e. no custom derivatives, for the large one)."""
     hidden = 20
     params = cell.init(1, hidden, key=jax.random.key(0))
 
@@ -61,7 +61,7 @@ def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
         with bppsa.trace_plans() as plans:
             actual = jax.jit(jax.grad(lambda p, xs: loss(p, xs, bppsa.scan)))(params, xs)
         assert [(plan.batch, plan.method) for plan in plans] == [(batch, runs)]
-        assert uses_custom_vjp(lambda p, xs: loss(p, xs, bppsa.scan), params, xs) == (
+        assert uses_custom_derivatives(lambda p, xs: loss(p, xs, bppsa.scan), params, xs) == (
             runs.uses_jacobians
         )
         expected = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))(params, xs)

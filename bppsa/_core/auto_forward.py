@@ -12,17 +12,18 @@ from bppsa._core import cost
 from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.newton import Newton
 
-# Newton iterations the cost model assumes: the mean measured by benchmarks/newton.py for the
-# paper's RNN after a short training (its initial weights and the GRU need 3-5, an expansive
-# cell falls back after more). On this project's 2-core CPUs the Newton forward was 50-65x
-# slower than lax.scan (T = 1k-10k, B = 16): CPU never picks it.
-EXPECTED_ITERATIONS = 10
+# Newton iterations the cost model assumes: about the mean measured by benchmarks/newton.py
+# for the paper's RNN after a short training (float32: 9.4 at T = 1k, 14.9 at 10k, 20.8 at 30k;
+# its initial weights and the GRU need 3-5; an expansive cell falls back). On this project's
+# 2-core CPUs the Newton forward was 50-65x slower than lax.scan (T = 1k-10k, B = 16): CPU never
+# picks it.
+EXPECTED_ITERATIONS = 15
 
 
 @dataclasses.dataclass(frozen=True)
 class AutoForward(Forward):
     """Chooses the forward pass of each scan: ``lax.scan`` on CPUs; on accelerators
-    ``bppsa.Newton()`` where :mod:`bppsa._core.cost` predicts ``EXPECTED_ITERATIONS`` Newton
+    ``bppsa.Newton()`` where :mod:`bppsa._core.cost` predicts ``EXPECTED_ITERATIONS`` (15) Newton
     iterations faster than the ``T`` dependent steps of ``lax.scan`` (long sequences of small
     cells), else ``lax.scan``. Whatever it picks, the result is certified (see
     :class:`bppsa.Newton`).

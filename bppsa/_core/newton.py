@@ -38,13 +38,16 @@ from bppsa.scan import _algorithms
 
 # Default tolerance, in units of the dtype's machine epsilon, of every step's residual relative
 # to the size of the states (|r_t| <= tol (|f_t| + mean_t |f_t|), elementwise). Measured with
-# benchmarks/newton.py: converged Newton iterates of the paper's RNN and GRU reach residuals of
-# 0-4 eps; 64 eps leaves room for the rounding of long scans and stays far below what would be
-# visible against lax.scan (it is ~7.6e-6 in float32 and ~1.4e-14 in float64).
+# benchmarks/newton.py (the paper's RNN and GRU, T = 100-100k): the converged iterates end with
+# largest residuals of 1e-6 to 7e-6 in float32 (8-58 eps) and 1e-15 to 1.4e-14 in float64, so a
+# tolerance of a few eps would send most scans to the fallback, while 64 eps (7.6e-6 in float32,
+# 1.4e-14 in float64) stays at the rounding level of one step.
 TOL_EPS = 64.0
 # Default iteration limit: T iterations make every step exact in exact arithmetic, and
-# MAX_ITERATIONS bounds them where contractive cells converge in far fewer (benchmarks/newton.py).
-MAX_ITERATIONS = 50
+# MAX_ITERATIONS bounds them. Measured (benchmarks/newton.py): 2-5 iterations for the paper's
+# RNN at initialization and its GRU, up to 46 for the RNN after a short training (float32,
+# T = 30k, B = 16); expansive cells stall (and fall back) after 9-40.
+MAX_ITERATIONS = 64
 
 
 class NewtonInfo(NamedTuple):
@@ -82,7 +85,7 @@ class Newton(Forward):
     (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa._core.newton`.
 
     Args:
-        max_iterations: iteration limit (``None``: ``min(50, T)``; ``T`` iterations make every
+        max_iterations: iteration limit (``None``: ``min(64, T)``; ``T`` iterations make every
             step exact in exact arithmetic).
         tol: residual tolerance relative to the states (``None``: 64 x the dtype's epsilon).
         quasi: use only the diagonals of the Jacobians (elementwise scans: cheaper iterations,

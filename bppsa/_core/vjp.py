@@ -53,7 +53,7 @@ def jacobian_scan(
         check_finite: report the first non-finite step (see :mod:`bppsa._core.debug`).
         plan: where to record the backward's method, if recording.
     """
-    setup = _Setup(requested, problem, forward, memory_limit, check_finite, plan)
+    setup = _Setup(requested, problem, memory_limit, check_finite, plan)
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
@@ -87,7 +87,6 @@ class _Setup:
 
     requested: Method
     problem: Problem
-    forward: Forward
     memory_limit: float | None
     check_finite: bool
     plan: ScanPlan | None
