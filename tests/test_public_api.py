@@ -49,6 +49,8 @@ DOCTEST_MODULES = [
     "bppsa._core.body",
     "bppsa._core.methods.auto",
     "bppsa._core.methods.sharded",
+    "bppsa._core.newton",
+    "bppsa._core.auto_forward",
     "bppsa.models._classifier",
     "bppsa.models._chain",
     "bppsa.models._pruning",

@@ -143,7 +143,7 @@ def _batch(args, dims, *, rule):
 
         return jax.vmap(one, in_axes=(res_axes, 0))(res, [cts[i] for i in present])
 
-    out_shapes = jax.eval_shape(fn, res, lin)
+    out_shapes = [jax.ShapeDtypeStruct((size, *o.shape), o.dtype) for o in rule.out_shapes]
     batched = _Rule(fn, transpose, len(res), out_shapes)
     out = _PRIMITIVE.bind(*res, *lin, rule=batched)
     return out, [0] * len(out)
