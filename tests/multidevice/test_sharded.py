@@ -124,3 +124,23 @@ def test_the_finiteness_check_names_the_step():
 
     with pytest.raises(FloatingPointError, match=r"Jacobian is that of time step xs\[13\]"):
         bppsa.grad(loss, method=method, check_finite=True)(0.5)
+
+
+@pytest.mark.parametrize("forward", ["sequential", "newton"])
+def test_forward_mode_and_the_newton_forward(forward):
+    """jax.jvp through a Sharded scan (its tangents by the local scan) and gradients after the
+    Newton forward equal lax.scan's."""
+    cell = CELLS["gru"]
+    params, xs, heads, init = cell_problem(cell, 17, 3, 5, jnp.float32)
+    scan = functools.partial(bppsa.scan, method=bppsa.Sharded(mesh_of(4), "t"), forward=forward)
+    loss, loss_ref = cell_loss(cell, scan, "every"), cell_loss(cell, jax.lax.scan, "every")
+    args = (params, xs, heads, init)
+    tangent = jax.tree.map(jnp.ones_like, params)
+
+    def jvp(loss):
+        return jax.jvp(lambda p: loss(p, *args[1:]), (params,), (tangent,))
+
+    assert_trees_close(jax.jit(lambda: jvp(loss))(), jax.jit(lambda: jvp(loss_ref))(), jnp.float32)
+    actual = jax.jit(jax.grad(loss, argnums=ARGNUMS))(*args)
+    expected = jax.jit(jax.grad(loss_ref, argnums=ARGNUMS))(*args)
+    assert_trees_close(actual, expected, jnp.float32)
