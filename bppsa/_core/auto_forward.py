@@ -13,9 +13,9 @@ from bppsa._core.forward import Forward, SequentialForward
 from bppsa._core.newton import Newton
 
 # Newton iterations the cost model assumes: about the mean measured by benchmarks/newton.py
-# for the paper's RNN after a short training (float32: 9.4 at T = 1k, 14.9 at 10k, 20.8 at 30k;
-# its initial weights and the GRU need 3-5; an expansive cell falls back). On this project's
-# 2-core CPUs the Newton forward was 67-101x slower than lax.scan (T = 1k-10k, B = 16, three
+# for the paper's RNN after a short training (float32: 9.4 at T = 1k, 13.2 at 10k, 20.6 at 30k;
+# its initial weights and the GRU need 2-4; an expansive cell falls back). On this project's
+# 2-core CPUs the Newton forward was 51-76x slower than lax.scan (T = 1k-10k, B = 16, three
 # runs): CPU never picks it.
 EXPECTED_ITERATIONS = 15
 

@@ -46,8 +46,8 @@ from bppsa.scan import _algorithms
 TOL_EPS = 64.0
 # Default iteration limit: T iterations make every step exact in exact arithmetic, and
 # MAX_ITERATIONS bounds them. Measured (benchmarks/newton.py): 2-5 iterations for the paper's
-# RNN at initialization and its GRU, up to 46 for the RNN after a short training (float32,
-# T = 30k, B = 16); expansive cells stall (and fall back) after 9-40.
+# RNN at initialization and its GRU, up to 41 for the RNN after a short training (float32,
+# T = 30k, B = 16); expansive cells stall (and fall back) after 22-39.
 MAX_ITERATIONS = 64
 
 
