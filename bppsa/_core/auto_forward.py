@@ -52,8 +52,7 @@ class AutoForward(Forward):
     ) -> dict[Forward, float]:
         """Predicted seconds of each forward on ``backend``'s profile (an H200 where none is
         known)."""
-        fp = cost.dense_footprint(length, size, batch)
-        profile = cost.PROFILES.get(backend or jax.default_backend(), cost.H200)
+        fp, profile = cost.footprint_of(length, size, batch), cost.profile_of(backend)
         return {
             SequentialForward(): cost.sequential_forward(fp).seconds(profile),
             Newton(): cost.newton_forward(fp, EXPECTED_ITERATIONS).seconds(profile),

@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+
 from bppsa._core.memory import Footprint
 
 KERNELS_PER_LEVEL = 3  # a Blelloch level: the products, the offsets, the interleave
@@ -128,9 +130,16 @@ def chunked_scan(fp: Footprint, steps: int, chunks: int) -> Cost:
     )
 
 
-def dense_footprint(length: int, size: int, batch: int) -> Footprint:
-    """The footprint of a scan with dense ``size x size`` float32 Jacobians."""
-    return Footprint(length, size, size * size, size * size, 4, batch, size)
+def footprint_of(length: int, size: int, batch: int, element: int | None = None) -> Footprint:
+    """The footprint of ``length`` steps of a float32 carry of ``size`` floats for ``batch``
+    examples, whose Jacobian stores ``element`` floats per step (default dense, ``size**2``)."""
+    dense = size * size
+    return Footprint(length, size, dense if element is None else element, dense, 4, batch, size)
+
+
+def profile_of(backend: str | None = None) -> Profile:
+    """The profile of ``backend`` (default: JAX's default backend; an H200 where none is known)."""
+    return PROFILES.get(backend or jax.default_backend(), H200)
 
 
 def sequential_forward(fp: Footprint) -> Cost:

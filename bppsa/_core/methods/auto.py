@@ -8,7 +8,6 @@ from typing import ClassVar
 import jax
 
 from bppsa._core import cost, memory
-from bppsa._core.memory import Footprint
 from bppsa._core.methods.base import LayerScan, Method, lower_memory, memory_error
 from bppsa._core.methods.blelloch import Blelloch
 from bppsa._core.methods.blocked import Blocked
@@ -173,16 +172,10 @@ class Auto(Method):
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
 
 
-def _footprint(length, size, batch, element) -> Footprint:
-    dense = size * size
-    return Footprint(length, size, _element(size, element), dense, 4, batch, size)
-
-
 def _predicted(candidates, length, size, backend, batch, element) -> dict[Method, float]:
     """Predicted seconds of each candidate on ``backend``'s profile (an H200 where none is
     known)."""
-    fp = _footprint(length, size, batch, element)
-    profile = cost.PROFILES.get(backend or jax.default_backend(), cost.H200)
+    fp, profile = cost.footprint_of(length, size, batch, element), cost.profile_of(backend)
     return {m: m.cost(fp).seconds(profile) for m in candidates}
 
 
