@@ -26,9 +26,7 @@ finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``; on 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import pathlib
 import platform
 import statistics
@@ -42,6 +40,7 @@ import optax
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
+from results_io import JsonLines
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
 QUICK_T = (100, 1_000)
@@ -220,24 +219,12 @@ def timing_row(length: int, rounds: int) -> dict:
     return row
 
 
-def _done(path: pathlib.Path) -> set:
-    if not path.is_file():
-        return set()
-    keys = set()
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line
-            continue
-        keys.add((row["case"], row["T"], row["dtype"], row.get("quasi", False), row.get("B")))
-    return keys
-
-
-def _append(path: pathlib.Path, row: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def _done(log: JsonLines) -> set:
+    """The configurations a log already has rows for."""
+    return {
+        (row["case"], row["T"], row["dtype"], row.get("quasi", False), row.get("B"))
+        for row in log.read()
+    }
 
 
 def main(argv=None) -> None:
@@ -266,9 +253,10 @@ def main(argv=None) -> None:
         f"benchmarks/results/newton_{'quick' if args.quick else 'cpu'}.jsonl"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = _done(out)
+    log = JsonLines(out)
+    done = _done(log)
     if not done:
-        _append(out, {"case": "machine", "T": 0, "dtype": "", "platform": platform.platform(),
+        log.append({"case": "machine", "T": 0, "dtype": "", "platform": platform.platform(),
                       "devices": str(jax.devices()), "jax": jax.__version__})  # fmt: skip
     lengths = args.lengths or (QUICK_T if args.quick else FULL_T)
     steps = DRY_RUN["train_steps"] if args.dry_run else TRAIN_STEPS
@@ -286,13 +274,13 @@ def main(argv=None) -> None:
             if (name, length, dtype, quasi, args.batch or batch_for(length)) in done:
                 continue
             row = count_row(name, length, dtype, quasi, trained, args.batch)
-            _append(out, row)
+            log.append(row)
             print(_summary(row), flush=True)
     if args.timing:
         for length in args.timing_lengths[:1] if args.quick else args.timing_lengths:
             if ("timing", length, "float32", False, batch_for(length)) not in done:
                 row = timing_row(length, args.rounds)
-                _append(out, row)
+                log.append(row)
                 print(row, flush=True)
 
 
