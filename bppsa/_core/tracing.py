@@ -67,10 +67,6 @@ def problems() -> dict[str, str]:
 
 def record_problem(feature: str, message: str) -> None:
     """Records (and warns once) that ``feature`` fell back because JAX changed underneath."""
-    _fell_back(feature, message)
-
-
-def _fell_back(feature: str, message: str) -> None:
     if feature not in _problems:
         _problems[feature] = message
         warnings.warn(f"bppsa: {message}", RuntimeWarning, stacklevel=3)
@@ -88,7 +84,7 @@ def vmapped_batch_size(inputs: Any) -> int:
     try:
         return max((_batch_size(leaf) for leaf in jax.tree.leaves(inputs)), default=1)
     except (AttributeError, TypeError) as err:
-        _fell_back(
+        record_problem(
             "batch", f"cannot read the jax.vmap batch size ({err!r}); assuming 1 example per scan"
         )
         return 1
