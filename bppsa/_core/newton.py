@@ -143,7 +143,7 @@ class Newton(Forward):
         if length == 0 or not problem.differentiable_carry:
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
         states, info = self.solve(problem, consts, init, xs)
-        before = _before(layout, init, states)
+        before = _unpack(layout, init, _shifted(layout.pack(init), states))
         (_, ys), _ = problem.all_steps()(consts, before, xs)
         if self.callback is not None:
             jax.debug.callback(self.callback, info)
@@ -160,8 +160,8 @@ class Newton(Forward):
         limit = self.iterations(length)
 
         def evaluate(states):
-            before = _before(layout, init, states)
-            (after, _), jac_t = all_steps(consts, before, xs)
+            before = _shifted(h0, states)
+            (after, _), jac_t = all_steps(consts, _unpack(layout, init, before), xs)
             f = layout.pack(after, stacked=True)
             scale = jnp.abs(f) + jnp.mean(jnp.abs(f), axis=0)
             ratio = jnp.abs(states - f) / jnp.where(scale > 0, scale, 1.0)
@@ -169,10 +169,9 @@ class Newton(Forward):
             ok = jnp.all(ratio <= tol, axis=tuple(range(1, ratio.ndim)))
             prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
             maps = jac_t.diagonal() if self.quasi else jac_t.transpose()
-            return f, maps, ok, prefix, ratio
+            return f, maps, before, ok, prefix, ratio
 
-        def newton_step(states, f, maps):
-            before = jnp.concatenate([h0[None], states[:-1]], axis=0)
+        def newton_step(states, f, maps, before):
             offsets = f - maps.apply(before)
             new = _algorithms.blelloch(h0, maps.flip(), offsets[::-1])[::-1][1:]
             # Non-finite values (products of long spans of Jacobians that overflow, NaN inputs)
@@ -184,11 +183,11 @@ class Newton(Forward):
 
         def body(state):
             k, states, _, last_prefix, _ = state
-            f, maps, ok, prefix, ratio = evaluate(states)
+            f, maps, before, ok, prefix, ratio = evaluate(states)
             converged = prefix == length
             stalled = prefix <= last_prefix
             stop = converged | stalled | (k >= limit)
-            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps))
+            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps, before))
             worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
             return k + jnp.where(stop, 0, 1), states, stop, prefix, worst
 
@@ -211,11 +210,14 @@ class Newton(Forward):
         return states, info
 
 
-def _before(layout, init, states):
-    """The carries entering every step, ``[h_0, states[:-1]]``, as a stacked carry pytree."""
-    h0 = layout.pack(init)
-    packed = jnp.concatenate([h0[None], states[:-1]], axis=0)
-    return layout.unpack(packed, init, stacked=True)  # every leaf is float (see Newton)
+def _shifted(h0, states):
+    """The packed carries entering every step: ``[h_0, states[:-1]]``."""
+    return jnp.concatenate([h0[None], states[:-1]], axis=0)
+
+
+def _unpack(layout, init, packed):
+    """Packed stacked carries as a stacked carry pytree (every leaf is float, see Newton)."""
+    return layout.unpack(packed, init, stacked=True)
 
 
 def _continue_sequentially(problem, consts, init, xs, states, prefix):
