@@ -26,14 +26,8 @@ def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
     if isinstance(method, Method):
         return method
     if isinstance(method, str):
-        try:
-            return METHODS[method.lower()]()
-        except KeyError:
-            valid = ", ".join(repr(name) for name in METHODS)
-            raise ValueError(
-                f"{argname}={method!r} is not a known backward method; expected one of "
-                f"{valid}, or a method object such as bppsa.Blelloch()."
-            ) from None
+        example = "a method object such as bppsa.Blelloch()"
+        return _by_name(METHODS, method, argname, "backward method", example)
     raise TypeError(
         f"{argname} must be a method object (e.g. bppsa.Blelloch()) or one of "
         f"{', '.join(repr(name) for name in METHODS)}; got {type(method).__name__}."
@@ -57,16 +51,26 @@ def resolve_forward(forward: Forward | str | None) -> Forward:
         return SequentialForward()
     if isinstance(forward, Forward):
         return forward
-    valid = ", ".join(repr(name) for name in FORWARDS)
     if isinstance(forward, str):
-        try:
-            return FORWARDS[forward.lower()]()
-        except KeyError:
-            raise ValueError(
-                f"forward={forward!r} is not a known forward pass; expected one of {valid}, "
-                "or an object such as bppsa.Newton(max_iterations=20)."
-            ) from None
+        example = "an object such as bppsa.Newton(max_iterations=20)"
+        return _by_name(FORWARDS, forward, "forward", "forward pass", example)
+    valid = ", ".join(repr(name) for name in FORWARDS)
     raise TypeError(
         f"forward must be None, one of {valid} or an object such as bppsa.Newton(); got "
         f"{type(forward).__name__}."
     )
+
+
+def _by_name(registry: dict, name: str, argname: str, what: str, example: str):
+    """The default instance of the class ``registry`` has under ``name`` (case-insensitive).
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+    """
+    try:
+        return registry[name.lower()]()
+    except KeyError:
+        valid = ", ".join(repr(key) for key in registry)
+        raise ValueError(
+            f"{argname}={name!r} is not a known {what}; expected one of {valid}, or {example}."
+        ) from None
