@@ -21,7 +21,7 @@ import numpy as np
 
 from paper_figures import _cli, _style
 from results_io import methods as method_names
-from results_io import read_rows
+from results_io import read_points
 
 SWEEP_LOG = "sweep.jsonl"
 
@@ -33,14 +33,7 @@ def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
         FileNotFoundError: when there is no ``sweep.jsonl``.
         ValueError: when it holds no finished point.
     """
-    path = pathlib.Path(path)
-    rows = read_rows(path / SWEEP_LOG if path.is_dir() else path)
-    meta = next((r for r in rows if r.get("kind") == "sweep"), {})
-    points = {}
-    for row in rows:
-        if row.get("kind") == "point":
-            p = row["point"]
-            points[(p["sweep"], p["length"], p["batch"])] = row
+    meta, points = read_points(path, SWEEP_LOG, lambda p: (p["sweep"], p["length"], p["batch"]))
     if not points:
         raise ValueError(f"{path} holds no finished sweep point yet")
     return meta, list(points.values())

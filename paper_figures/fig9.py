@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt
 
 from paper_figures import _cli, _style
 from results_io import methods as method_names
-from results_io import read_rows
+from results_io import read_points
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 VARIANTS = ("S", "M", "L")
@@ -35,12 +35,7 @@ def load_breakdown(path: str | pathlib.Path) -> tuple[dict, dict[tuple[str, int]
         FileNotFoundError: when there is no ``breakdown.jsonl``.
         ValueError: when it holds no measured point.
     """
-    path = pathlib.Path(path)
-    rows = read_rows(path / BREAKDOWN_LOG if path.is_dir() else path)
-    meta = next((r for r in rows if r.get("kind") == "sweep"), {})
-    points = {
-        (r["point"]["variant"], r["point"]["batch"]): r for r in rows if r.get("kind") == "point"
-    }
+    meta, points = read_points(path, BREAKDOWN_LOG, lambda p: (p["variant"], p["batch"]))
     if not points:
         raise ValueError(f"{path} holds no measured point yet")
     return meta, points

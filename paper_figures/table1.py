@@ -20,7 +20,7 @@ import numpy as np
 
 from paper_figures import _cli, _style
 from results_io import methods as method_names
-from results_io import read_rows
+from results_io import read_points
 
 POINTS = "jacobians.jsonl"
 ORDER = ("conv", "relu", "maxpool")
@@ -33,13 +33,7 @@ def load(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
         FileNotFoundError: when there is no ``jacobians.jsonl``.
         ValueError: when it holds no measured layer.
     """
-    path = pathlib.Path(path)
-    rows = read_rows(path / POINTS if path.is_dir() else path)
-    meta = next((r for r in rows if r.get("kind") == "sweep"), {})
-    layers = {}
-    for row in rows:
-        if row.get("kind") == "point":
-            layers[(row["point"]["input_size"], row["point"]["layer"])] = row
+    meta, layers = read_points(path, POINTS, lambda p: (p["input_size"], p["layer"]))
     if not layers:
         raise ValueError(f"{path} holds no measured layer yet")
     ordered = sorted(layers.items(), key=lambda item: (item[0][0], ORDER.index(item[0][1])))

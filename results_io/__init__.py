@@ -6,6 +6,21 @@ Imports neither JAX nor ``bppsa``: drawing a figure from result files loads neit
 """
 
 from results_io import methods
-from results_io.files import JsonLines, read_json, read_rows, replace_atomically, write_json
+from results_io.files import (
+    JsonLines,
+    read_json,
+    read_points,
+    read_rows,
+    replace_atomically,
+    write_json,
+)
 
-__all__ = ["JsonLines", "methods", "read_json", "read_rows", "replace_atomically", "write_json"]
+__all__ = [
+    "JsonLines",
+    "methods",
+    "read_json",
+    "read_points",
+    "read_rows",
+    "replace_atomically",
+    "write_json",
+]

@@ -90,3 +90,19 @@ def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
     return JsonLines(path).read()
+
+
+def read_points(
+    path: str | os.PathLike, log_name: str, key: Callable[[dict[str, Any]], Any]
+) -> tuple[dict[str, Any], dict[Any, dict[str, Any]]]:
+    """A sweep log (``path`` or ``path/log_name``): its first ``"sweep"`` metadata row (``{}``
+    if none) and the last ``"point"`` row of each ``key(row["point"])``, in first-seen order.
+
+    Raises:
+        FileNotFoundError: naming the missing file.
+    """
+    path = pathlib.Path(path)
+    rows = read_rows(path / log_name if path.is_dir() else path)
+    meta = next((row for row in rows if row.get("kind") == "sweep"), {})
+    points = {key(row["point"]): row for row in rows if row.get("kind") == "point"}
+    return meta, points
