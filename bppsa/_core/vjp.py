@@ -67,10 +67,10 @@ def jacobian_scan(
     def rule(primals, tangents):
         out = run_keep(*primals)
         res = (primals[0], out[2], primals[2])  # consts, carries before, xs
-        lin = jax.tree.map(lambda t: t if is_float(t) else None, tangents)
+        lin = _floats_only(tangents)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
         dots = linear_map(setup.tangents, setup.cotangents, res, lin, _floats_only(shapes))
-        return out, _fill(dots, out)
+        return out, _zeros_for_none(dots, out)
 
     def run_rule(primals, tangents):
         out, dots = rule(primals, tangents)
@@ -165,8 +165,3 @@ def _zeros_for_none(tree, like):
 def _floats_only(tree):
     """``None`` for every leaf that is not a float array (what :func:`linear_map` carries)."""
     return jax.tree.map(lambda t: t if is_float(t) else None, tree)
-
-
-def _fill(dots, like):
-    """The tangents of ``like``'s leaves: ``dots`` with ``float0`` zeros for its ``None``s."""
-    return _zeros_for_none(dots, like)
