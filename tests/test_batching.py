@@ -40,7 +40,7 @@ def uses_custom_derivatives(fn, *args) -> bool:
 
 @pytest.mark.parametrize(
     ("cell", "cell_fn", "element", "small", "large"),
-    [(RNN(), rnn_cell, 20, 16, 128), (GRU(), gru_cell, 80, 4, 32)],
+    [(RNN(), rnn_cell, 20, 16, 256), (GRU(), gru_cell, 80, 4, 256)],
 )
 def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
     """Auto() runs what choose() says for the vmapped batch (on CPUs: a Jacobian method for the

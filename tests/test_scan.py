@@ -97,7 +97,8 @@ def test_long_sequences(cell, method, dtype):
 
 
 # Batches and sizes at which Auto() keeps a Jacobian method on every backend (on CPUs it runs
-# plain back-propagation above 1024 Jacobian floats per step over the batch).
+# plain back-propagation above 4096 carry floats per step over the batch for structured
+# Jacobians, above 1024 Jacobian floats for dense ones).
 AUTO_CASES = {"rnn": (16, 20), "gru": (4, 20), "lstm": (2, 10)}
 
 
@@ -113,9 +114,10 @@ def test_long_sequences_with_auto(cell, dtype):
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_auto_back_propagates_where_it_says(cell):
     """Large batches: Auto() runs what choose() says (plain BP on CPUs), still BP's gradients."""
-    batch, hidden = 16, 20
+    batch, hidden = {"gru": 256, "lstm": 16}[cell], 20
     element = JACOBIAN_FLOATS[cell](hidden)
     runs = bppsa.Auto().choose(100, hidden, batch=batch, element=element)
+    assert not runs.uses_jacobians
     check_cell(CELLS[cell], "auto", 100, batch, hidden, "float32", "every", runs=runs)
 
 

@@ -68,8 +68,11 @@ class Layout:
 
     def pack(self, carry: Any, *, stacked: bool = False) -> Array:
         """The vector of ``carry`` (with a leading stack axis if ``stacked``)."""
+        return self._pack_floats(self.float_leaves(carry), stacked)
+
+    def _pack_floats(self, leaves: list[Any], stacked: bool) -> Array:
         lead = 1 if stacked else 0
-        leaves = [jnp.asarray(x, self.dtype) for x in self.float_leaves(carry)]
+        leaves = [jnp.asarray(x, self.dtype) for x in leaves]
         if self.concat_last:
             return jnp.concatenate(leaves, axis=-1)
         flat = [x.reshape(*x.shape[:lead], math.prod(x.shape[lead:])) for x in leaves]
@@ -109,3 +112,47 @@ class Layout:
     def zeros(self, like: Any) -> Any:
         """A zero cotangent for every leaf of ``like``."""
         return jax.tree.map(zero_cotangent, like)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchedLayout:
+    """A :class:`Layout` of one example, for carries that hold a batch of examples on a leading
+    axis (after the stack axis, if stacked): every example is packed as ``layout`` packs it, so
+    vectors are ``(*stack, B, n)``.
+
+    Attributes:
+        layout: the layout of one example.
+    """
+
+    layout: Layout
+
+    @property
+    def float_mask(self) -> tuple[bool, ...]:
+        return self.layout.float_mask
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The float leaves' shapes of ONE example."""
+        return self.layout.shapes
+
+    @property
+    def dtype(self):
+        return self.layout.dtype
+
+    def pack(self, carry: Any, *, stacked: bool = False) -> Array:
+        axis = 1 if stacked else 0
+        pack = jax.vmap(lambda floats: self.layout._pack_floats(floats, stacked), axis, axis)
+        return pack(self.layout.float_leaves(carry))
+
+    def unpack(self, vector: Array, like: Any, *, stacked: bool = False) -> Any:
+        layout, axis = self.layout, 1 if stacked else 0
+        floats = jax.vmap(lambda v: layout._float_parts(v, stacked), axis, axis)(vector)
+        others = [
+            zero_cotangent(leaf)
+            for leaf, f in zip(layout.treedef.flatten_up_to(like), layout.float_mask)
+            if not f
+        ]
+        return layout._merge(floats, others)
+
+    def zeros(self, like: Any) -> Any:
+        return self.layout.zeros(like)

@@ -54,6 +54,11 @@ class Profile:
 
 H200 = Profile("NVIDIA H200 (assumed: 67 TFLOP/s, 4.8 TB/s, 5 us per step)", 67e12, 4.8e12, 5e-6)
 PROFILES = {"gpu": H200, "cuda": H200, "rocm": H200, "tpu": H200}
+# This project's 2-core CPU, fitted to the kernels, flops and bytes that benchmarks/hlo_cost.py
+# counts in the compiled backward passes of a speed run (benchmarks/fit_profile.py, which also
+# reports the error on every row). Auto() does not choose by it on CPUs (it uses the measured
+# rules of methods/auto.py); the speed benchmark prints its predictions beside the measurements.
+CPU = Profile("2-core CPU (fitted to HLO counts of a speed run)", 2e10, 2e10, 1.5e-7)
 
 
 @dataclasses.dataclass(frozen=True)

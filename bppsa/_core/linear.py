@@ -10,6 +10,12 @@ tangents through it, so that
   which runs ``transpose``: the method's own backward (Auto, Blelloch, Chunked, blocks, the
   memory guard), not a transpose that JAX derives from ``fn``.
 
+Under ``jax.vmap`` the transpose may be given whole batches (``batched_transpose``): a scan's
+backward then handles the batch as an axis of its own arrays, so that the cotangents of the
+parameters the examples share are ONE product contracting over steps and examples, instead of
+a product per example summed afterwards. Linear arguments that are not batched stay unbatched
+(their cotangent is the sum over the batch).
+
 ``jax.custom_vjp`` cannot be differentiated in forward mode, and JAX's ``linear_call`` has no
 batching rule (``jax.vmap``), which is why this module defines its own primitive, with the four
 rules a primitive needs: evaluation (``fn``, also when lowered under ``jax.jit``), JVP (linear in
@@ -39,7 +45,12 @@ except ImportError as err:  # pragma: no cover - a JAX without the extension API
 
 
 def linear_map(
-    fn: Callable, transpose: Callable, res: Any, lin: Any, out_shapes: Any = None
+    fn: Callable,
+    transpose: Callable,
+    res: Any,
+    lin: Any,
+    out_shapes: Any = None,
+    batched_transpose: Callable | None = None,
 ) -> Any:
     """``fn(res, lin)``, linear in ``lin``, with ``transpose(res, ct)`` as its transpose.
 
@@ -51,6 +62,11 @@ def linear_map(
         lin: the linear arguments (float leaves).
         out_shapes: the shapes and dtypes of ``fn``'s output, if known (else ``fn`` is traced
             once for them).
+        batched_transpose: ``(res, res_axes, ct_out, lin_axes) -> ct_lin | None``, the
+            transpose of a batch at once, if the caller has one. Batched leaves carry the batch
+            on axis 0 (``res_axes``, ``lin_axes``: pytrees of ``0`` or ``None`` like ``res`` and
+            ``lin``; every output leaf is batched); an unbatched linear leaf gets its cotangent
+            summed over the batch. ``None`` (returned) means: transpose each example instead.
     """
     if _PRIMITIVE is None:  # pragma: no cover - see the module docstring
         return fn(res, lin)
@@ -69,7 +85,19 @@ def linear_map(
         ct_lin = transpose(res_tree.unflatten(res_leaves), ct)
         return lin_tree.flatten_up_to(ct_lin)
 
-    rule = _Rule(flat_fn, flat_transpose, len(res_leaves), out_leaves)
+    flat_batched = None
+    if batched_transpose is not None:
+
+        def flat_batched(res_leaves, res_axes, ct_leaves, lin_axes):
+            ct_lin = batched_transpose(
+                res_tree.unflatten(res_leaves),
+                res_tree.unflatten(res_axes),
+                out_tree.unflatten(ct_leaves),
+                lin_tree.unflatten(lin_axes),
+            )
+            return None if ct_lin is None else lin_tree.flatten_up_to(ct_lin)
+
+    rule = _Rule(flat_fn, flat_transpose, len(res_leaves), out_leaves, flat_batched)
     out = _PRIMITIVE.bind(*res_leaves, *lin_leaves, rule=rule)
     return out_tree.unflatten(out)
 
@@ -80,8 +108,9 @@ class _Rule:
     Compared by identity (a primitive's parameters key JAX's caches).
     """
 
-    def __init__(self, fn, transpose, num_res: int, out_shapes: list):
+    def __init__(self, fn, transpose, num_res: int, out_shapes: list, batched_transpose=None):
         self.fn, self.transpose, self.num_res = fn, transpose, num_res
+        self.batched_transpose = batched_transpose
         self.out_shapes = [jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shapes]
 
     def split(self, args):
@@ -123,17 +152,17 @@ def _batch(args, dims, *, rule):
     res, lin = rule.split(args)
     res_dims, lin_dims = rule.split(dims)
     res = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(res, res_dims)]
+    lin = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(lin, lin_dims)]
     res_axes = [None if d is None else 0 for d in res_dims]
-    # Every linear argument batched at 0 (broadcasting is linear), so the transpose's
-    # cotangents are too.
-    lin = [
-        jnp.broadcast_to(a, (size, *a.shape)) if d is None else jnp.moveaxis(a, d, 0)
-        for a, d in zip(lin, lin_dims)
-    ]
-    fn = jax.vmap(rule.fn, in_axes=(res_axes, 0))
+    lin_axes = [None if d is None else 0 for d in lin_dims]
+    fn = jax.vmap(rule.fn, in_axes=(res_axes, lin_axes))
 
     def transpose(res, cts):
         present = [i for i, ct in enumerate(cts) if ct is not None]
+        if rule.batched_transpose is not None:  # every output is batched (out_axes 0 below)
+            whole = rule.batched_transpose(res, res_axes, cts, lin_axes)
+            if whole is not None:
+                return whole
 
         def one(res, given):
             full = [None] * len(cts)
@@ -141,7 +170,12 @@ def _batch(args, dims, *, rule):
                 full[i] = ct
             return rule.transpose(res, full)
 
-        return jax.vmap(one, in_axes=(res_axes, 0))(res, [cts[i] for i in present])
+        ct_lin = jax.vmap(one, in_axes=(res_axes, 0))(res, [cts[i] for i in present])
+        # An unbatched linear argument was shared by the examples: its cotangent is the sum.
+        return [
+            ct if axis is not None or ct is None else ct.sum(0)
+            for ct, axis in zip(ct_lin, lin_axes)
+        ]
 
     out_shapes = [jax.ShapeDtypeStruct((size, *o.shape), o.dtype) for o in rule.out_shapes]
     batched = _Rule(fn, transpose, len(res), out_shapes)

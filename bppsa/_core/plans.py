@@ -30,6 +30,9 @@ class ScanPlan:
         backward: the method that ran the backward pass, after the memory guard (``None``
             until the backward is traced, and for plain ``lax.scan``).
         forward: how the forward pass runs (``'sequential'``: ``lax.scan``; ``Newton(...)``).
+        whole_batch: whether the backward ran on the ``jax.vmap`` batch as one array (the
+            shared parameters' cotangents as one product over steps and examples) rather
+            than example by example (``None`` until the backward is traced).
     """
 
     requested: Any
@@ -39,6 +42,7 @@ class ScanPlan:
     batch: int
     backward: Any = None
     forward: Any = None
+    whole_batch: bool | None = None
 
 
 @contextlib.contextmanager

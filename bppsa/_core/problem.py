@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from bppsa._core import arguments, tracing
 from bppsa._core.body import Body, trace_body
-from bppsa._core.carry import Layout, unstacked
+from bppsa._core.carry import BatchedLayout, Layout, unstacked
 from bppsa._core.memory import Footprint, footprint
 from bppsa.jacobians._stacked import steps_with_jacobians
 
@@ -35,6 +35,10 @@ class Problem:
         length: ``T``.
         reverse: whether the scan runs from the end of ``xs`` (the methods see it flipped).
         batch: examples served at once through ``jax.vmap`` (read from the traces, or given).
+        batched: whether the arrays the backward sees hold the batch themselves, on an axis
+            after the step axis (``(T, B, ...)`` carries and ``xs``, ``(B, n)`` cotangents; see
+            :meth:`batched_problem`). ``init``, ``xs`` and the footprint stay those of one
+            example.
     """
 
     body: Body
@@ -43,11 +47,19 @@ class Problem:
     length: int
     reverse: bool
     batch: int
+    batched: bool = False
+
+    def batched_problem(self) -> Problem:
+        """This scan for a whole batch at once: the steps are vmapped over the examples (with
+        the consts shared) inside the evaluation of all steps, so that the VJP's products for
+        the shared parameters contract over steps and examples together."""
+        return dataclasses.replace(self, batched=True)
 
     @functools.cached_property
-    def layout(self) -> Layout:
+    def layout(self) -> Layout | BatchedLayout:
         """How the carry packs into the vector the backward scan propagates."""
-        return Layout.of(self.init, concat_last=self.body.analytic)
+        layout = Layout.of(self.init, concat_last=self.body.analytic)
+        return BatchedLayout(layout) if self.batched else layout
 
     @property
     def differentiable_carry(self) -> bool:
@@ -61,11 +73,16 @@ class Problem:
 
     def all_steps(self) -> Callable:
         """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
-        return steps_with_jacobians(self.body.step, self.layout, self.body.analytic)
+        layout = self.layout.layout if self.batched else self.layout
+        return steps_with_jacobians(
+            self.body.step, layout, self.body.analytic, batched=self.batched
+        )
 
     @functools.cached_property
     def footprint(self) -> Footprint:
         """The scan's footprint, from the shapes of its stacked Jacobians."""
+        if self.batched:
+            return dataclasses.replace(self, batched=False).footprint
         layout = self.layout
         carries = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct((self.length, *a.shape), a.dtype), self.init

@@ -21,6 +21,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import jax
+import jax.numpy as jnp
 
 from bppsa._core import backward, debug
 from bppsa._core.carry import is_float, zero_cotangent
@@ -69,7 +70,14 @@ def jacobian_scan(
         res = (primals[0], out[2], primals[2])  # consts, carries before, xs
         lin = _floats_only(tangents)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
-        dots = linear_map(setup.tangents, setup.cotangents, res, lin, _floats_only(shapes))
+        dots = linear_map(
+            setup.tangents,
+            setup.cotangents,
+            res,
+            lin,
+            _floats_only(shapes),
+            batched_transpose=setup.batched_cotangents,
+        )
         return out, _zeros_for_none(dots, out)
 
     def run_rule(primals, tangents):
@@ -118,8 +126,57 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
         (``None`` where none arrives): the method's backward."""
+        method = self.requested.fit(self.problem.footprint, self.memory_limit)
+        return self._backward(self.problem, method, res, cts)
+
+    def batched_cotangents(self, res, res_axes, cts, lin_axes):
+        """:meth:`cotangents` of a whole ``jax.vmap`` batch at once (see
+        :func:`bppsa._core.linear.linear_map`), or ``None`` where the examples must be done
+        one by one: the backward runs on :meth:`Problem.batched_problem`, ``(T, B, ...)``
+        arrays, so that the cotangents of the shared consts come out of one product over steps
+        and examples. It needs consts shared by the batch (their values and tangents), and it
+        leaves the finiteness check (which reports per example) to the one-by-one path."""
         consts, before, xs = res
-        problem, layout = self.problem, self.problem.layout
+        const_axes, before_axes, xs_axes = res_axes
+        const_lin_axes, init_lin_axes, xs_lin_axes = lin_axes
+        if self.check_finite or _any_batched(const_axes) or _any_batched(const_lin_axes):
+            return None
+        method = self.requested.fit(self.problem.footprint, self.memory_limit)
+        if not method.batches:
+            return None
+        size = _batch_size(res, res_axes, cts)
+
+        def time_major(a, axis):  # (B, T, ...), or an unbatched (T, ...), to (T, B, ...)
+            if axis is None:
+                return jnp.broadcast_to(a[:, None], (a.shape[0], size, *a.shape[1:]))
+            return jnp.swapaxes(a, 0, 1)
+
+        before, xs = (
+            _map_axes(time_major, axes, tree)
+            for axes, tree in ((before_axes, before), (xs_axes, xs))
+        )
+        ct_carry, ct_ys, ct_before = cts
+        ct_ys, ct_before = (
+            jax.tree.map(_batch_first, t, is_leaf=_none) for t in (ct_ys, ct_before)
+        )
+        problem = self.problem.batched_problem()
+        ct_consts, ct_init, ct_xs = self._backward(
+            problem, method, (consts, before, xs), (ct_carry, ct_ys, ct_before)
+        )
+        ct_xs = jax.tree.map(_batch_first, ct_xs, is_leaf=_none)
+
+        def per_example(ct, axis):  # an unbatched linear argument gets the batch's sum
+            return ct if ct is None or axis is not None else ct.sum(0)
+
+        ct_init, ct_xs = (
+            _map_axes(per_example, axes, tree)
+            for axes, tree in ((init_lin_axes, ct_init), (xs_lin_axes, ct_xs))
+        )
+        return ct_consts, ct_init, ct_xs
+
+    def _backward(self, problem, method, res, cts):
+        consts, before, xs = res
+        layout = problem.layout
         ct_carry, ct_ys, ct_before = cts
         if _all_none(ct_before):
             ct_ys = None if _all_none(ct_ys) else ct_ys
@@ -137,15 +194,40 @@ class _Setup:
             ct_consts, ct_xs = backward.steps_vjp(all_steps, consts, before, xs, ct_ys)
             return _floats_only((ct_consts, layout.zeros(init_shape), ct_xs))
         g_last = layout.pack(_zeros_for_none(ct_carry, init_shape))
-        method = self.requested.fit(problem.footprint, self.memory_limit)
         if self.plan is not None:
-            self.plan.backward = method
+            self.plan.backward, self.plan.whole_batch = method, problem.batched
         g_first, ct_consts, ct_xs, flags = method.backward(
             problem, consts, before, xs, g_last, ct_ys, check=self.check_finite
         )
         if self.check_finite:
             debug.report(flags, g_last, problem.reverse)
         return _floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
+
+
+def _none(x) -> bool:
+    return x is None
+
+
+def _batch_first(a):
+    """``(B, T, ...)`` from ``(T, B, ...)`` and back (``None`` stays)."""
+    return None if a is None else jnp.swapaxes(a, 0, 1)
+
+
+def _map_axes(fn, axes, tree):
+    """``fn(leaf, axis)`` over ``tree`` and the batch ``axes`` (``0`` or ``None``) of its leaves."""
+    return jax.tree.map(lambda axis, leaf: fn(leaf, axis), axes, tree, is_leaf=_none)
+
+
+def _any_batched(axes) -> bool:
+    return any(axis is not None for axis in jax.tree.leaves(axes, is_leaf=_none))
+
+
+def _batch_size(res, res_axes, cts) -> int:
+    """The size of the batch: the leading axis of any batched leaf (every output is)."""
+    for leaf in jax.tree.leaves(cts):
+        return leaf.shape[0]
+    pairs = zip(jax.tree.leaves(res_axes, is_leaf=_none), jax.tree.leaves(res), strict=True)
+    return next(leaf.shape[0] for axis, leaf in pairs if axis is not None)
 
 
 def _all_none(tree) -> bool:

@@ -10,7 +10,9 @@ from bppsa._core.carry import Layout, unstacked
 from bppsa.scan._elements import Dense
 
 
-def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Callable:
+def steps_with_jacobians(
+    step: Callable, layout: Layout, analytic: bool, *, batched: bool = False
+) -> Callable:
     """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
     ``step(carry, x, *consts) -> (carry, y, analytic_jac_t | None)`` is one step. ``jac_t`` is
@@ -18,6 +20,10 @@ def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Call
     step's analytic element, or a ``Dense`` one from ``jax.jacrev`` on the packed carry. The
     result is meant for ``jax.vjp(..., has_aux=True)``, so the Jacobians come from the same
     evaluation of the steps as the VJP.
+
+    ``batched``: every step serves a batch of examples (the carries and ``xs`` are
+    ``(T, B, ...)``; the consts are shared), each with its own Jacobian (maps with a batch
+    axis after the stack axis); ``layout`` is that of one example.
     """
 
     def one(consts, carry, x):
@@ -32,9 +38,12 @@ def steps_with_jacobians(step: Callable, layout: Layout, analytic: bool) -> Call
             jac_t = Dense(jax.jacrev(carry_map)(layout.pack(carry)).T)
         return (new_carry, y), jac_t
 
-    def all_steps(consts, carries_before, xs):
-        example = jax.eval_shape(one, consts, *jax.tree.map(unstacked, (carries_before, xs)))
-        out_axes = ((0, 0), None if example[1] is None else example[1].stack_axes())
-        return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries_before, xs)
+    def stacked(fn):  # fn over a leading axis of the carries and xs, consts shared
+        def over(consts, carries, xs):
+            example = jax.eval_shape(fn, consts, *jax.tree.map(unstacked, (carries, xs)))
+            out_axes = ((0, 0), None if example[1] is None else example[1].stack_axes())
+            return jax.vmap(fn, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries, xs)
 
-    return all_steps
+        return over
+
+    return stacked(stacked(one) if batched else one)

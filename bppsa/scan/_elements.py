@@ -29,6 +29,10 @@ from jax import Array
 
 from bppsa.scan._pattern import expand_values
 
+# Structured.apply forms u^T products by a multiply-and-sum for at most this many rows of at
+# most this size (see there).
+SMALL_ROWS, SMALL_SIZE = 8, 64
+
 
 class MapStack(abc.ABC):
     """A stack of ``m`` linear maps ``A_0, ..., A_{m-1}`` on vectors of shape ``(*batch, n)``.
@@ -211,8 +215,19 @@ class Structured(MapStack):
         return self.u.shape[0]
 
     def apply(self, v: Array) -> Array:
-        tiled = jnp.concatenate([v] * self.reps, axis=-1) if self.reps > 1 else v
-        out = (self.d * tiled) @ self.u.T
+        n = self.size
+        if self.reps > 1:  # d * tile(v), by broadcasting (a concatenation is slower in loops)
+            blocks = self.d.reshape(*self.d.shape[:-1], self.reps, n) * v[..., None, :]
+            scaled = blocks.reshape(*blocks.shape[:-2], self.reps * n)
+        else:
+            scaled = self.d * v
+        if self.reps == 1 and n <= SMALL_SIZE and math.prod(v.shape[:-1]) <= SMALL_ROWS:
+            # A few small rows (a sequential scan's step at a small batch): one fused
+            # multiply-and-sum beats a matrix-product call (0.7 vs 1.3 ms for 10k steps of
+            # n = 20 at B = 1 on a 2-core CPU; the product wins from B = 16 on).
+            out = (scaled[..., :, None] * self.u.T).sum(-2)
+        else:
+            out = scaled @ self.u.T
         if self.e is not None:
             out = out + self.e * v
         return out

@@ -14,14 +14,17 @@ from bppsa._core.methods.blocked import Blocked
 from bppsa._core.methods.chunked import Chunked
 from bppsa._core.methods.sequential import Sequential
 
-# Auto() on CPUs, in Jacobian floats per step summed over the vmapped batch ("work"). Blocks of
-# about CPU_BLOCK_WORK / work steps (a power of two within CPU_BLOCK_STEPS) keep a block's
-# arrays in cache; above CPU_PARALLEL_WORK back-propagation itself is faster. Measured with
-# benchmarks/speed.py on a 2-core CPU at T = 1000: the RNN (20 floats per step) still wins at
-# B = 64 (1.25x) and loses at B = 128; the GRU (80 floats per step) wins at B = 8 (1.07x) and
-# loses from B = 16 on (0.75x).
+# Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
+# summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays
+# in cache. Back-propagation itself is faster for large batches: for structured Jacobians
+# (fewer floats than n^2 per step) above CPU_PARALLEL_STATE carry floats per step (batch x n);
+# for dense ones above CPU_PARALLEL_WORK. Measured with the batched backward on a 2-core CPU
+# at T = 1000 (BP backward / Auto's parallel pick, medians): RNN H = 20 1.24x at B = 128,
+# 0.77-1.0x at B = 256; GRU H = 20 1.46x at B = 64, 1.5x at B = 128; the LSTM's dense (40 x 40)
+# Jacobians 0.5x at B = 1.
 CPU_BLOCK_WORK = 2**19
 CPU_BLOCK_STEPS = (64, 1024)
+CPU_PARALLEL_STATE = 4096
 CPU_PARALLEL_WORK = 1024
 
 # Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
@@ -87,7 +90,7 @@ class Auto(Method):
         """
         if not _on_cpu(backend):
             return _fastest(ACCELERATOR_CHOICES, length, size, backend, batch, element)
-        if batch * _element(size, element) > CPU_PARALLEL_WORK:
+        if not _parallel_pays_on_cpu(size, batch, _element(size, element)):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -182,6 +185,12 @@ def _predicted(candidates, length, size, backend, batch, element) -> dict[Method
 def _fastest(candidates, length, size, backend, batch, element) -> Method:
     times = _predicted(candidates, length, size, backend, batch, element)
     return min(times, key=times.get)
+
+
+def _parallel_pays_on_cpu(size: int, batch: int, element: int) -> bool:
+    if element < size * size:  # structured Jacobians: the chain's steps are cheap
+        return batch * size <= CPU_PARALLEL_STATE
+    return batch * element <= CPU_PARALLEL_WORK
 
 
 def _on_cpu(backend: str | None) -> bool:

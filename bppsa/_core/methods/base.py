@@ -74,6 +74,9 @@ class Method(abc.ABC):
     name: ClassVar[str | None] = None
     uses_jacobians: ClassVar[bool] = True
     chain_needs_work: ClassVar[bool] = False  # whether for_chain reads its ChainWork
+    # Whether the backward also runs on a vmapped batch as an axis of its arrays
+    # (Problem.batched_problem): maps and cotangents with a batch axis after the step axis.
+    batches: ClassVar[bool] = True
 
     def concrete(self, problem: Problem) -> Method:
         """The method that runs ``problem`` (a policy such as ``Auto`` returns another one)."""

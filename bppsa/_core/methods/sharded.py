@@ -80,6 +80,7 @@ class Sharded(JacobianMethod):
     exchange: str = "all_gather"
     forward: str = "replicated"
     name: ClassVar[str | None] = None
+    batches: ClassVar[bool] = False  # each example's slices are sharded on their own
 
     def __post_init__(self):
         if not isinstance(self.mesh, Mesh):
