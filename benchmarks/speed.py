@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
+from benchmarks import _speed_model
 from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's interface)
     DRY_RUN,
     FULL_B,
@@ -61,12 +62,14 @@ from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's 
     write_atomically,
 )
 from benchmarks._speed_cli import parse_args as _parse_args
+from bppsa._core import cost
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
 from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
 BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured
+CHAIN = "chain"  # the sequential scan over the cell's Jacobians (see benchmarks._speed_model)
 
 
 def problem(cell, length, batch, hidden, seed=0):
@@ -151,6 +154,8 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
     """A row with every key (``None`` where nothing was measured)."""
     blank = dict(total_ms=None, backward_ms=None, backward_speedup=None, overall_speedup=None)
     blank.update(runs=None, scan_gflop=None, achieved_gflops=None, peak_bytes=None)
+    blank.update(total_min_ms=None, backward_min_ms=None, floor_ms=None, model_ms=None)
+    blank.update(hlo_backward=None)
     return dict(
         cell=config.cell,
         length=config.length,
@@ -161,15 +166,25 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
         seconds=None,
         rounds=0,
         forward_ms=None,
+        forward_min_ms=None,
         bp_total_ms=None,
+        bp_total_min_ms=None,
         bp_backward_ms=None,
+        bp_backward_min_ms=None,
+        bp_floor_ms=None,
+        bp_model_ms=None,
+        bp_hlo_backward=None,
+        chain_ms=None,
+        chain_min_ms=None,
         bp_peak_bytes=None,
         compile_s={},
         methods={name: dict(status=status, error=error, **blank) for name in methods},
     )
 
 
-def measure(config: Config, methods, repeats, *, seconds=None, memory_limit=None) -> dict:
+def measure(
+    config: Config, methods, repeats, *, seconds=None, memory_limit=None, gemm_gflops=None
+) -> dict:
     """Times one configuration; failures are recorded in the row, never raised.
 
     Args:
@@ -179,19 +194,21 @@ def measure(config: Config, methods, repeats, *, seconds=None, memory_limit=None
         seconds: stop the rounds when the next would end past this many seconds (after
             ``MIN_ROUNDS``); ``None``: no budget.
         memory_limit: ``bppsa.grad``'s (``None``: the device's available memory).
+        gemm_gflops: the large matrix product's rate measured in this run (for the floors).
     """
     row, start = empty_row(config, methods), time.perf_counter()
     try:
-        _measure(row, config, methods, repeats, seconds, memory_limit)
+        _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops)
     except Exception as error:  # the baseline itself failed: nothing of this row is usable
         row.update(status="error", error=describe(error))
     row["seconds"] = time.perf_counter() - start
     return row
 
 
-def _measure(row, config, methods, repeats, seconds, memory_limit):
+def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
     cell = CELLS[config.cell]
     args = problem(cell, config.length, config.batch, config.hidden)
+    args_of = {}
     batched, per_example = losses(cell, config.hidden)
 
     def compile_(fn, name):
@@ -201,6 +218,9 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
         return compiled
 
     fns = {"forward": compile_(batched, "forward"), BP: compile_(jax.grad(batched), BP)}
+    chain = _speed_model.chain(config.cell, config.length, config.batch, config.hidden)
+    if chain is not None:  # the sequential part no T-step method avoids: the floors' step time
+        fns[CHAIN], args_of[CHAIN] = chain
     by_runs, runs_of = {}, {}  # compilations by the method that runs; what each name runs
     for name, method in methods.items():
         entry = row["methods"][name]
@@ -223,9 +243,9 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
     def call(name):  # seconds of one call; a method that fails is recorded and dropped
         start = time.perf_counter()
         try:
-            jax.block_until_ready(fns[name](*args))
+            jax.block_until_ready(fns[name](*args_of.get(name, args)))
         except Exception as error:
-            if name in ("forward", BP):
+            if name in ("forward", BP, CHAIN):
                 raise
             row["methods"][name].update(status="error", error=describe(error))
             del fns[name]
@@ -245,30 +265,64 @@ def _measure(row, config, methods, repeats, seconds, memory_limit):
         if seconds is not None and rounds >= MIN_ROUNDS and spent * (rounds + 1) / rounds > seconds:
             break
     forward, bp = (statistics.median(times[name]) for name in ("forward", BP))
+    forward_min, bp_min = (min(times[name]) for name in ("forward", BP))
     row.update(forward_ms=1e3 * forward, bp_total_ms=1e3 * bp, bp_backward_ms=1e3 * (bp - forward))
+    row.update(forward_min_ms=1e3 * forward_min, bp_total_min_ms=1e3 * bp_min)
+    row["bp_backward_min_ms"] = 1e3 * (bp_min - forward_min)
     row["bp_peak_bytes"] = peak_bytes(fns[BP])
+    fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
+    step_s = None
+    if CHAIN in times:
+        row["chain_ms"] = 1e3 * statistics.median(times[CHAIN])
+        row["chain_min_ms"] = 1e3 * min(times[CHAIN])
+        step_s = statistics.median(times[CHAIN]) / max(config.length, 1)
+    gemm = None if gemm_gflops is None else 1e9 * gemm_gflops
+
+    def floor_ms(method):
+        if step_s is None:
+            return None
+        seconds = _speed_model.floor_seconds(method.cost(fp), step_s, gemm)
+        return None if seconds is None else 1e3 * seconds
+
+    def model_ms(count):
+        seconds = _speed_model.model_seconds(count, cost.CPU)
+        return None if seconds is None else 1e3 * seconds
+
+    row["bp_floor_ms"] = floor_ms(bppsa.Sequential())
+    row["bp_hlo_backward"] = _speed_model.backward_count(fns[BP], fns["forward"])
+    row["bp_model_ms"] = model_ms(row["bp_hlo_backward"])
     for name in methods:
         if name not in fns:
             continue
-        total = statistics.median(times[name])
+        total, total_min = statistics.median(times[name]), min(times[name])
         backward = max(total - forward, 1e-9)
         work = scan_work(runs_of[name], config.length, config.batch, config.hidden)
+        count = _speed_model.backward_count(fns[name], fns["forward"])
         row["methods"][name].update(
             total_ms=1e3 * total,
+            total_min_ms=1e3 * total_min,
             backward_ms=1e3 * backward,
+            backward_min_ms=1e3 * max(total_min - forward_min, 1e-9),
             backward_speedup=(bp - forward) / backward,
             overall_speedup=bp / total,
             scan_gflop=work / 1e9,
             achieved_gflops=work / backward / 1e9,
+            floor_ms=floor_ms(runs_of[name]),
+            hlo_backward=count,
+            model_ms=model_ms(count),
         )
 
 
 def print_row(row):
-    head = f"{row['cell']:<4} T={row['length']:<6} B={row['batch']:<4} H={row['hidden']:<5}"
+    """One line: medians (minimum) of the backward, speedup over BP, and the model's floor."""
+    head = f"{row['cell']:<4} T={row['length']:<7} B={row['batch']:<4} H={row['hidden']:<5}"
     if row["status"] != "ok":
         print(f"{head} {row['status']}: {row['error'][:300]}", flush=True)
         return
-    head += f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} ms"
+    head += (
+        f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} "
+        f"({row['bp_backward_min_ms']:.2f}) ms{_floor(row['bp_floor_ms'])}"
+    )
     parts = []
     for name, m in row["methods"].items():
         if m["status"] != "ok":
@@ -276,10 +330,14 @@ def print_row(row):
             continue
         runs = f" [{m['runs']}]" if name == method_names.AUTO else ""
         parts.append(
-            f"{name}: bwd {m['backward_ms']:7.2f} ms x{m['backward_speedup']:5.2f} "
-            f"(overall x{m['overall_speedup']:4.2f}){runs}"
+            f"{name}: bwd {m['backward_ms']:7.2f} ({m['backward_min_ms']:.2f}) ms "
+            f"x{m['backward_speedup']:5.2f}{_floor(m['floor_ms'])}{runs}"
         )
     print(head + "  |  " + "  |  ".join(parts), flush=True)
+
+
+def _floor(floor_ms):
+    return "" if floor_ms is None else f" floor {floor_ms:.2f}"
 
 
 def _versions(device) -> dict:
@@ -362,7 +420,9 @@ def main(argv=None) -> None:
             rows_of_sweep.append(empty_row(config, methods, "unfinished", UNFINISHED))
             write_atomically(args.out, payload)
             budget = dict(seconds=args.row_seconds, memory_limit=args.memory_limit)
-            rows[config.key] = measure(config, methods, args.repeats, **budget)
+            rows[config.key] = measure(
+                config, methods, args.repeats, gemm_gflops=payload["gemm_gflops"], **budget
+            )
             rows_of_sweep.pop()
             print_row(rows[config.key])
         rows_of_sweep.append(rows[config.key])

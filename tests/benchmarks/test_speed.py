@@ -23,7 +23,31 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     for method in row["methods"].values():
         assert method["status"] == "ok" and method["error"] is None
         assert method["total_ms"] > 0 and math.isfinite(method["backward_speedup"])
+        assert 0 < method["total_min_ms"] <= method["total_ms"]
+        # The model beside the measurement: its floor and the compiled backward's HLO count.
+        assert method["floor_ms"] > 0 and method["model_ms"] > 0
+        assert method["hlo_backward"]["steps"] > 0 and method["hlo_backward"]["flops"] > 0
+    assert 0 < row["chain_min_ms"] <= row["chain_ms"] and row["bp_floor_ms"] > 0
+    assert row["bp_hlo_backward"]["unknown_loops"] == 0
     assert payload["complete"] and payload["h_sweep"] == []
+
+
+def test_the_profile_is_fitted_to_a_speed_run(tmp_path, capsys):
+    from benchmarks import fit_profile
+
+    out = tmp_path / "speed.json"
+    grid = ["--cells", "rnn", "gru", "--lengths", "5", "9", "--t-batch", "2", "--batches"]
+    speed.main([*grid, "--methods", "auto", "blelloch", "--repeats", "1", "--out", str(out)])
+    fitted = tmp_path / "profile.json"
+    fit_profile.main([str(out), "--out", str(fitted)])
+    payload = json.loads(fitted.read_text())
+    # cells x lengths x (BP and two methods), less the backward passes too fast to be told from
+    # their forward at these sizes (total - forward <= 0: no time to fit)
+    assert 6 <= len(payload["rows"]) <= 2 * 2 * 3
+    assert {r["label"].split()[0] for r in payload["rows"]} == {"rnn", "gru"}
+    assert all(r["ratio"] > 0 and math.isfinite(r["ratio"]) for r in payload["rows"])
+    assert payload["profile"]["step_latency"] > 0
+    assert "measured/model" in capsys.readouterr().out
 
 
 def test_quick_grids_are_the_readmes():

@@ -1,0 +1,83 @@
+"""What the speed benchmark sets beside each measured backward: the model's floor and its count.
+
+* The **chain**: the sequential scan that no method with ``T`` dependent steps avoids, i.e. the
+  library's own sequential scan (:func:`bppsa.scan.sequential`) over the cell's structured
+  transposed Jacobians (``(T, B, p)`` per-step factors, one shared ``W_hh``), measured in the
+  benchmark's rounds beside the methods. Its time per step is this machine's latency of one
+  dependent step at this batch and size.
+* The **floor** of a method: its analytic cost (:meth:`bppsa.Method.cost`: dependent steps,
+  arithmetic) with that measured step latency and the large matrix product's measured rate,
+  ``steps x chain_step + flops / gemm_rate``. Memory traffic is left out (blocks keep it in
+  cache), so it is a lower bound: what the method's algorithm would take if its only costs
+  were its dependent steps and its arithmetic at the best rate measured here.
+* The **HLO count** of a compiled backward: :func:`benchmarks.hlo_cost.count` of the compiled
+  gradient minus that of the compiled forward (kernels in sequence, flops, bytes), which
+  :mod:`benchmarks.fit_profile` turns into a fitted profile of this machine.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import hlo_cost
+from bppsa._core import cost
+from bppsa._core.memory import Footprint
+from bppsa.scan import Structured, sequential
+
+# Transposed-Jacobian factors of the structured cells: (reps of W_hh^T, a diagonal term).
+CHAIN_FORMS = {"rnn": (1, False), "gru": (3, True)}
+
+
+def chain(cell: str, length: int, batch: int, hidden: int):
+    """``(fn, args)``: the compiled sequential scan over ``length`` structured maps of ``cell``
+    for ``batch`` examples (``None`` for a cell without structured Jacobians)."""
+    if cell not in CHAIN_FORMS:
+        return None
+    reps, diagonal = CHAIN_FORMS[cell]
+    keys = jax.random.split(jax.random.key(1), 3)
+    u = jax.random.normal(keys[0], (hidden, reps * hidden)) / hidden
+    d = jax.random.uniform(keys[1], (length, batch, reps * hidden))
+    e = jax.random.uniform(keys[2], (length, batch, hidden)) if diagonal else None
+    g = jnp.ones((batch, hidden))
+
+    def run(u, d, e, g):
+        return sequential(g, Structured(u=u, d=d, e=e, reps=reps), None)
+
+    args = (u, d, e, g)
+    return jax.jit(run).lower(*args).compile(), args
+
+
+def footprint(cell: str, length: int, batch: int, hidden: int) -> Footprint:
+    """The footprint ``Auto()`` weighs for the benchmark's scan of ``cell``."""
+    element = {"rnn": hidden, "gru": 4 * hidden}[cell]
+    return cost.footprint_of(length, hidden, batch, element)
+
+
+def floor_seconds(method_cost: cost.Cost | None, step_s: float, gemm_flops: float | None):
+    """``steps x step_s + flops / gemm_flops`` (``None`` where the model has no cost)."""
+    if method_cost is None or gemm_flops is None:
+        return None
+    return method_cost.steps * step_s + method_cost.flops / gemm_flops
+
+
+def backward_count(gradient, forward) -> dict | None:
+    """The HLO count of a compiled gradient minus its compiled forward's (``None`` if either
+    cannot be read)."""
+    try:
+        grad_count, fwd_count = hlo_cost.count(gradient), hlo_cost.count(forward)
+    except Exception:  # the count is a report: never a reason to lose the row
+        return None
+    return dict(
+        steps=grad_count.steps - fwd_count.steps,
+        flops=grad_count.flops - fwd_count.flops,
+        bytes=grad_count.bytes - fwd_count.bytes,
+        unknown_loops=grad_count.unknown_loops,
+    )
+
+
+def model_seconds(count: dict | None, profile: cost.Profile) -> float | None:
+    """The predicted time of an HLO count on ``profile``."""
+    if count is None:
+        return None
+    return cost.Cost(count["steps"], count["flops"], count["bytes"]).seconds(profile)
