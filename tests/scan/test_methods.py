@@ -59,14 +59,19 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
         blocks.append(method.block)
     assert blocks == sorted(blocks, reverse=True) and blocks[0] > blocks[-1]
     assert all(b & (b - 1) == 0 and 64 <= b <= 1024 for b in blocks)  # powers of two, bounded
-    # Structured Jacobians (the RNN's, the GRU's) stay parallel up to 4096 carry floats per step
-    # over the batch; dense ones (the LSTM's 40 x 40) only up to 1024 Jacobian floats.
-    assert Auto().choose(1000, 20, "cpu", batch=128, element=20) != Sequential()
-    assert Auto().choose(1000, 20, "cpu", batch=256, element=20) == Sequential()
-    assert Auto().choose(1000, 20, "cpu", batch=32, element=80) != Sequential()
-    assert Auto().choose(1000, 20, "cpu", batch=256, element=80) == Sequential()
-    assert Auto().choose(1000, 40, "cpu", batch=1, element=1600) == Sequential()
-    assert Auto().choose(1000, 4, "cpu", batch=4, element=16) != Sequential()
+    assert Auto().choose(1000, 20, "cpu", batch=64, element=20) == Sequential()
+    assert Auto().choose(1000, 20, "cpu", batch=8, element=80) != Sequential()
+    assert Auto().choose(1000, 20, "cpu", batch=16, element=80) == Sequential()
+    # From 4096 steps on, structured Jacobians (the RNN's, the GRU's) stay parallel up to 4096
+    # carry floats per step over the batch; dense ones (the LSTM's 40 x 40) only up to 1024
+    # Jacobian floats.
+    assert Auto().choose(10_000, 20, "cpu", batch=128, element=20) != Sequential()
+    assert Auto().choose(10_000, 20, "cpu", batch=256, element=20) == Sequential()
+    assert Auto().choose(10_000, 20, "cpu", batch=32, element=80) != Sequential()
+    assert Auto().choose(4096, 20, "cpu", batch=16, element=80) != Sequential()
+    assert Auto().choose(4095, 20, "cpu", batch=16, element=80) == Sequential()
+    assert Auto().choose(10_000, 20, "cpu", batch=256, element=80) == Sequential()
+    assert Auto().choose(10_000, 40, "cpu", batch=1, element=1600) == Sequential()
     # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
     assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
     assert Auto().parallel(1000, 20, "cpu", batch=256, element=80).uses_jacobians

@@ -16,16 +16,19 @@ from bppsa._core.methods.sequential import Sequential
 
 # Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
 # summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays
-# in cache. Back-propagation itself is faster for large batches: for structured Jacobians
-# (fewer floats than n^2 per step) above CPU_PARALLEL_STATE carry floats per step (batch x n);
-# for dense ones above CPU_PARALLEL_WORK. Measured with the batched backward on a 2-core CPU
-# at T = 1000 (BP backward / Auto's parallel pick, medians): RNN H = 20 1.24x at B = 128,
-# 0.77-1.0x at B = 256; GRU H = 20 1.46x at B = 64, 1.5x at B = 128; the LSTM's dense (40 x 40)
-# Jacobians 0.5x at B = 1.
+# in cache. Back-propagation itself is faster for large batches: above CPU_PARALLEL_WORK;
+# from CPU_LONG steps on, structured Jacobians (fewer floats than n^2 per step) stay parallel
+# up to CPU_PARALLEL_STATE carry floats per step (batch x n) instead, because the saving grows
+# with T while a block's fixed costs do not. Measured with benchmarks/speed.py on a 2-core CPU
+# (BP backward / Auto's parallel pick, medians): GRU H = 20, B = 16: 0.40x at T = 100, 0.84x
+# at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
+# at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x. The LSTM's dense (40 x 40) Jacobians:
+# 0.5x at B = 1.
 CPU_BLOCK_WORK = 2**19
 CPU_BLOCK_STEPS = (64, 1024)
-CPU_PARALLEL_STATE = 4096
 CPU_PARALLEL_WORK = 1024
+CPU_PARALLEL_STATE = 4096
+CPU_LONG = 4096
 
 # Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
 # a segmented sum) costs in units of one of the dense backward's convolutions. Measured on
@@ -90,7 +93,7 @@ class Auto(Method):
         """
         if not _on_cpu(backend):
             return _fastest(ACCELERATOR_CHOICES, length, size, backend, batch, element)
-        if not _parallel_pays_on_cpu(size, batch, _element(size, element)):
+        if not _parallel_pays_on_cpu(length, size, batch, _element(size, element)):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -187,8 +190,8 @@ def _fastest(candidates, length, size, backend, batch, element) -> Method:
     return min(times, key=times.get)
 
 
-def _parallel_pays_on_cpu(size: int, batch: int, element: int) -> bool:
-    if element < size * size:  # structured Jacobians: the chain's steps are cheap
+def _parallel_pays_on_cpu(length: int, size: int, batch: int, element: int) -> bool:
+    if length >= CPU_LONG and element < size * size:  # structured: cheap chain steps
         return batch * size <= CPU_PARALLEL_STATE
     return batch * element <= CPU_PARALLEL_WORK
 
