@@ -17,10 +17,9 @@ import pathlib
 import statistics
 
 from benchmarks import hlo_cost
+from benchmarks._speed_cli import SWEEPS
 from bppsa._core.cost import Cost
 from results_io import read_json, write_json
-
-SWEEPS = ("t_sweep", "b_sweep", "h_sweep")
 
 
 def samples(payload: dict) -> list[tuple[str, Cost, float]]:

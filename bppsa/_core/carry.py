@@ -95,12 +95,12 @@ class Layout:
 
     def unpack(self, vector: Array, like: Any, *, stacked: bool = False) -> Any:
         """A carry cotangent from ``vector``; non-float leaves of ``like`` get ``float0`` zeros."""
-        others = [
-            zero_cotangent(leaf)
-            for leaf, f in zip(self.treedef.flatten_up_to(like), self.float_mask)
-            if not f
-        ]
-        return self._merge(self._float_parts(vector, stacked), others)
+        return self._merge(self._float_parts(vector, stacked), self._other_zeros(like))
+
+    def _other_zeros(self, like: Any) -> list[Any]:
+        """``float0`` zeros for the non-float leaves of ``like``."""
+        leaves = self.treedef.flatten_up_to(like)
+        return [zero_cotangent(leaf) for leaf, f in zip(leaves, self.float_mask) if not f]
 
     def unpack_into(self, vector: Array, carry: Any) -> Any:
         """``carry`` with its float leaves replaced by the parts of ``vector``."""
@@ -147,12 +147,7 @@ class BatchedLayout:
     def unpack(self, vector: Array, like: Any, *, stacked: bool = False) -> Any:
         layout, axis = self.layout, 1 if stacked else 0
         floats = jax.vmap(lambda v: layout._float_parts(v, stacked), axis, axis)(vector)
-        others = [
-            zero_cotangent(leaf)
-            for leaf, f in zip(layout.treedef.flatten_up_to(like), layout.float_mask)
-            if not f
-        ]
-        return layout._merge(floats, others)
+        return layout._merge(floats, layout._other_zeros(like))
 
     def zeros(self, like: Any) -> Any:
         return self.layout.zeros(like)

@@ -56,10 +56,14 @@ class Problem:
         return dataclasses.replace(self, batched=True)
 
     @functools.cached_property
+    def example_layout(self) -> Layout:
+        """How one example's carry packs into the vector the backward scan propagates."""
+        return Layout.of(self.init, concat_last=self.body.analytic)
+
+    @functools.cached_property
     def layout(self) -> Layout | BatchedLayout:
-        """How the carry packs into the vector the backward scan propagates."""
-        layout = Layout.of(self.init, concat_last=self.body.analytic)
-        return BatchedLayout(layout) if self.batched else layout
+        """How the carry the backward sees packs into vectors (a batch of them if batched)."""
+        return BatchedLayout(self.example_layout) if self.batched else self.example_layout
 
     @property
     def differentiable_carry(self) -> bool:
@@ -73,9 +77,8 @@ class Problem:
 
     def all_steps(self) -> Callable:
         """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
-        layout = self.layout.layout if self.batched else self.layout
         return steps_with_jacobians(
-            self.body.step, layout, self.body.analytic, batched=self.batched
+            self.body.step, self.example_layout, self.body.analytic, batched=self.batched
         )
 
     @functools.cached_property

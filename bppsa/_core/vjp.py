@@ -231,7 +231,7 @@ def _batch_size(res, res_axes, cts) -> int:
 
 
 def _all_none(tree) -> bool:
-    return all(leaf is None for leaf in jax.tree.leaves(tree, is_leaf=lambda x: x is None))
+    return all(leaf is None for leaf in jax.tree.leaves(tree, is_leaf=_none))
 
 
 def _zeros_for_none(tree, like):
@@ -240,7 +240,7 @@ def _zeros_for_none(tree, like):
         lambda t, a: zero_cotangent(a) if t is None and a is not None else t,
         tree,
         like,
-        is_leaf=lambda x: x is None,
+        is_leaf=_none,
     )
 
 
