@@ -96,25 +96,31 @@ def blocked(span: Callable, block: int, consts, carries_before, xs, g_last, ct_y
     last block back (a shorter first block when ``block`` does not divide ``T``).
 
     Every block is still evaluated all steps at once, but its arrays stay small enough for the
-    cache: on CPUs, streaming ``T``-long arrays through memory costs more than the loop.
+    cache: on CPUs, streaming ``T``-long arrays through memory costs more than the loop. The
+    loop slices each block out of the full arrays (``lax.dynamic_slice``) rather than scanning
+    over a ``(blocks, block, ...)`` reshape of them: that reshape of all but the first block is
+    a copy of the forward's carries (at ``T = 10k, B = 16, H = 20`` 12 MB more temporary memory
+    and about a fifth of the backward's time on a CPU).
     """
     num_steps = jax.tree.leaves(carries_before)[0].shape[0]
     if block >= num_steps:
         return span(carries_before, xs, g_last, ct_ys)
     head, blocks = num_steps % block, num_steps // block
 
-    def split(a):
-        return a[head:].reshape(blocks, block, *a.shape[1:])
-
-    def one_block(carry, inputs):
+    def one_block(carry, k):
         g, total = carry
+        start = head + k * block
+        inputs = jax.tree.map(
+            lambda a: lax.dynamic_slice_in_dim(a, start, block), (carries_before, xs, ct_ys)
+        )
         g, ct_consts, ct_xs, flags = span(*inputs[:2], g, inputs[2])
         total = jax.tree.map(jnp.add, total, ct_consts)
         return (g, total), (jax.tree.map(float0_as_placeholder, ct_xs), flags)
 
-    first = jax.tree.map(split, (carries_before, xs, ct_ys))
     zeros = jax.tree.map(jnp.zeros_like, consts)  # consts are float: their cotangents match
-    (g, ct_consts), (ct_xs, flags) = lax.scan(one_block, (g_last, zeros), first, reverse=True)
+    (g, ct_consts), (ct_xs, flags) = lax.scan(
+        one_block, (g_last, zeros), jnp.arange(blocks), reverse=True
+    )
     ct_xs, flags = jax.tree.map(lambda c: c.reshape(-1, *c.shape[2:]), (ct_xs, flags))
     if head:
         g, ct_head, ct_xs_head, flags_head = span(
