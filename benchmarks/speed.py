@@ -35,6 +35,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import resource
 import shlex
 import statistics
 import sys
@@ -146,6 +147,14 @@ def peak_bytes(compiled) -> int | None:
         return None
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far. A call whose temporary buffer the allocator
+    maps anew (glibc does for blocks above its mmap threshold, 128 KB rising to at most 32 MB)
+    faults in every page of it, which costs a few milliseconds per 10 MB: the rows record the
+    median per call, since it moves times between processes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:MESSAGE_CHARS]
 
@@ -155,7 +164,7 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
     blank = dict(total_ms=None, backward_ms=None, backward_speedup=None, overall_speedup=None)
     blank.update(runs=None, scan_gflop=None, achieved_gflops=None, peak_bytes=None)
     blank.update(total_min_ms=None, backward_min_ms=None, floor_ms=None, model_ms=None)
-    blank.update(hlo_backward=None)
+    blank.update(hlo_backward=None, page_faults=None)
     return dict(
         cell=config.cell,
         length=config.length,
@@ -177,6 +186,7 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
         chain_ms=None,
         chain_min_ms=None,
         bp_peak_bytes=None,
+        bp_page_faults=None,
         compile_s={},
         methods={name: dict(status=status, error=error, **blank) for name in methods},
     )
@@ -240,8 +250,10 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
         except Exception as error:
             entry.update(status="error", error=describe(error))
 
+    faults = {name: [] for name in fns}
+
     def call(name):  # seconds of one call; a method that fails is recorded and dropped
-        start = time.perf_counter()
+        faults_before, start = minor_faults(), time.perf_counter()
         try:
             jax.block_until_ready(fns[name](*args_of.get(name, args)))
         except Exception as error:
@@ -250,10 +262,14 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
             row["methods"][name].update(status="error", error=describe(error))
             del fns[name]
             return None
-        return time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        faults[name].append(minor_faults() - faults_before)
+        return elapsed
 
     for name in list(fns):  # warm-up
         call(name)
+    for counts in faults.values():
+        counts.clear()
     times = {name: [] for name in fns}
     started = time.perf_counter()
     for rounds in range(1, repeats + 1):
@@ -270,6 +286,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
     row.update(forward_min_ms=1e3 * forward_min, bp_total_min_ms=1e3 * bp_min)
     row["bp_backward_min_ms"] = 1e3 * (bp_min - forward_min)
     row["bp_peak_bytes"] = peak_bytes(fns[BP])
+    row["bp_page_faults"] = statistics.median(faults[BP])
     fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
     step_s = None
     if CHAIN in times:
@@ -310,6 +327,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
             floor_ms=floor_ms(runs_of[name]),
             hlo_backward=count,
             model_ms=model_ms(count),
+            page_faults=statistics.median(faults[name]),
         )
 
 

@@ -165,9 +165,10 @@ def test_automatic_method_raises_when_nothing_fits():
 def test_fit_prefers_the_largest_fallback_that_fits():
     fp = _memory.Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
     estimates = {m: m.memory(fp) for m in FALLBACKS}
-    chosen = bppsa.Blocked(bppsa.Sequential(jacobians=True), 1024)
+    chosen = bppsa.Blocked(bppsa.Sequential(jacobians=True), 2048)
+    fallback = bppsa.Blocked(bppsa.Sequential(jacobians=True), 1024)
     smaller = bppsa.Blocked(bppsa.Sequential(jacobians=True), 256)
-    limit = limit_between(estimates[smaller], estimates[chosen])
+    limit = limit_between(estimates[smaller], estimates[fallback])
     assert bppsa.Auto().fit(fp, limit, backend="cpu") == smaller
     assert bppsa.Auto().fit(fp, math.inf, backend="cpu") == chosen
     assert bppsa.Auto().fit(fp, math.inf, backend="gpu") == bppsa.Blelloch()

@@ -27,8 +27,10 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
         # The model beside the measurement: its floor and the compiled backward's HLO count.
         assert method["floor_ms"] > 0 and method["model_ms"] > 0
         assert method["hlo_backward"]["steps"] > 0 and method["hlo_backward"]["flops"] > 0
+        assert method["page_faults"] >= 0  # minor faults per call (a median)
     assert 0 < row["chain_min_ms"] <= row["chain_ms"] and row["bp_floor_ms"] > 0
     assert row["bp_hlo_backward"]["unknown_loops"] == 0
+    assert row["bp_page_faults"] >= 0
     assert payload["complete"] and payload["h_sweep"] == []
 
 

@@ -45,7 +45,7 @@ def test_chunk_counts_are_checked(chunks):
 
 
 def test_auto_says_what_it_picks():
-    assert Auto().choose(10_000, 20, backend="cpu") == Blocked(Sequential(jacobians=True), 1024)
+    assert Auto().choose(10_000, 20, backend="cpu") == Blocked(Sequential(jacobians=True), 2048)
     assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
 
 
@@ -58,7 +58,8 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
         assert isinstance(method, Blocked) and method.method == Sequential(jacobians=True)
         blocks.append(method.block)
     assert blocks == sorted(blocks, reverse=True) and blocks[0] > blocks[-1]
-    assert all(b & (b - 1) == 0 and 64 <= b <= 1024 for b in blocks)  # powers of two, bounded
+    assert all(b & (b - 1) == 0 and 64 <= b <= 8192 for b in blocks)  # powers of two, bounded
+    assert blocks == [8192, 8192, 8192, 4096, 2048, 1024]
     assert Auto().choose(1000, 20, "cpu", batch=64, element=20) == Sequential()
     assert Auto().choose(1000, 20, "cpu", batch=8, element=80) != Sequential()
     assert Auto().choose(1000, 20, "cpu", batch=16, element=80) == Sequential()

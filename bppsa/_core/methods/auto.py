@@ -16,7 +16,13 @@ from bppsa._core.methods.sequential import Sequential
 
 # Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
 # summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays
-# in cache. Back-propagation itself is faster for large batches: above CPU_PARALLEL_WORK;
+# in cache while amortizing a block's fixed costs (its ~25 kernels cost about 5 us each at
+# small batches). Measured at T = 10k, H = 20 (benchmarks/speed.py's problem, backward medians
+# of 7 interleaved rounds, three processes each, 2-core CPU): the GRU at B = 1 2.85-3.76 ms
+# with blocks of 8192 against 3.76-4.06 ms with 1024, at B = 16 31.1-32.7 ms with 512 against
+# 36.5-39.5 ms with 256; the RNN at B = 1 and B = 16 within the spread either way (8192 vs
+# 1024: 1.83-2.29 vs 1.83-1.95 ms; 2048 vs 1024: 13.2-18.3 vs 12.8-20.8 ms).
+# Back-propagation itself is faster for large batches: above CPU_PARALLEL_WORK;
 # from CPU_LONG steps on, structured Jacobians (fewer floats than n^2 per step) stay parallel
 # up to CPU_PARALLEL_STATE carry floats per step (batch x n) instead, because the saving grows
 # with T while a block's fixed costs do not. Measured with benchmarks/speed.py on a 2-core CPU
@@ -24,8 +30,8 @@ from bppsa._core.methods.sequential import Sequential
 # at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
 # at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x. The LSTM's dense (40 x 40) Jacobians:
 # 0.5x at B = 1.
-CPU_BLOCK_WORK = 2**19
-CPU_BLOCK_STEPS = (64, 1024)
+CPU_BLOCK_WORK = 2**20
+CPU_BLOCK_STEPS = (64, 8192)
 CPU_PARALLEL_WORK = 1024
 CPU_PARALLEL_STATE = 4096
 CPU_LONG = 4096
@@ -61,7 +67,7 @@ class Auto(Method):
 
     Example:
         >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
-        Blocked(method=Sequential(jacobians=True), block=1024)
+        Blocked(method=Sequential(jacobians=True), block=2048)
         >>> bppsa.Auto().choose(10_000, 20, "gpu", batch=16, element=20)
         Blelloch()
     """
