@@ -63,7 +63,8 @@ def sequential(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
             g = g + offsets[k]
         return g, g
 
-    _, rest = jax.lax.scan(step, g_last, jnp.arange(len(linear)), reverse=True)
+    unroll = linear.sequential_unroll(g_last.shape)
+    _, rest = jax.lax.scan(step, g_last, jnp.arange(len(linear)), reverse=True, unroll=unroll)
     return jnp.concatenate([rest, g_last[None]], axis=0)
 
 
