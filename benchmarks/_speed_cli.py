@@ -132,13 +132,6 @@ def parse_args(argv, description: str = "") -> argparse.Namespace:
     add("--require-backend", help="stop unless JAX's default backend is this (e.g. gpu)")
     add("--dry-run", action="store_true", help="the same grids with tiny sizes, one round")
     add("--resume", action="store_true", help="keep the rows already in --out")
-    add(
-        "--fixed-malloc",
-        action="store_true",
-        help="glibc only: fix malloc's mmap and trim thresholds (1 GiB) before anything runs, so "
-        "that no call's buffers are mapped anew: times without the page faults that the "
-        "allocator's changing thresholds add to some calls (rows record them as page_faults)",
-    )
     add("--out", type=pathlib.Path, default=pathlib.Path("results/speed.json"))
     args = parser.parse_args(argv)
     for name in ("hidden", "repeats", "t_batch", "b_length", "h_length"):

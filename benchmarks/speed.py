@@ -12,11 +12,8 @@ medians after a warm-up call:
 
 Backward time = total - forward (as in the paper); speedups are BP over BPPSA. Also reported:
 the scan's modelled work and achieved GFLOP/s next to a large matrix product's GFLOP/s measured
-in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's
-peak temporary memory of each compiled gradient, and the minor page faults per call (glibc maps
-the temporary buffer of some calls anew, depending on the process's allocation history; on
-this project's CPU machine that moves a backward by up to a third between processes).
-``--fixed-malloc`` fixes glibc's thresholds (and one arena) first, so that no call faults.
+in the same run, what each method ran (``Auto()``'s pick, after the memory guard), and XLA's
+peak temporary memory of each compiled gradient.
 
 Each function is compiled once per configuration, ahead of time (names whose method runs the
 same backward share one compilation). A method whose memory estimate exceeds the device's memory
@@ -34,7 +31,6 @@ printed table.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.metadata
 import math
 import os
@@ -157,29 +153,6 @@ def minor_faults() -> int:
     faults in every page of it, which costs a few milliseconds per 10 MB: the rows record the
     median per call, since it moves times between processes."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-FIXED_MALLOC_BYTES = 1 << 30
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
-
-
-def fix_malloc_thresholds(threshold: int = FIXED_MALLOC_BYTES) -> None:
-    """Fixes glibc malloc's mmap and trim thresholds (``mallopt``): blocks below ``threshold``
-    then come from the heap, which is not given back to the system, so a call's temporary
-    buffers are faulted in once instead of in every call whose size the dynamic threshold
-    (128 KB, rising to at most 32 MB with the blocks freed) sends to ``mmap``. Process-wide:
-    for benchmarks only. Raises ``OSError`` where there is no glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError as error:
-        raise OSError(f"--fixed-malloc needs glibc (libc.so.6): {error}") from None
-    for param, value in (
-        (M_ARENA_MAX, 1),
-        (M_MMAP_THRESHOLD, threshold),
-        (M_TRIM_THRESHOLD, threshold),
-    ):
-        if libc.mallopt(ctypes.c_int(param), ctypes.c_int(value)) != 1:
-            raise OSError(f"--fixed-malloc: mallopt({param}, {value}) failed")
 
 
 def describe(error: BaseException) -> str:
@@ -424,8 +397,6 @@ def main(argv=None) -> None:
             f"default backend is {backend!r} (devices: {jax.devices()}). It needs a JAX build "
             "for that backend and a visible device; --dry-run checks the command without one."
         )
-    if args.fixed_malloc:
-        fix_malloc_thresholds()
     started = time.perf_counter()
     methods = {name: parse_method(name) for name in args.methods}
     configs = plan(args)
@@ -444,7 +415,6 @@ def main(argv=None) -> None:
         command=shlex.join(["python3", "-m", "benchmarks.speed", *argv]),
         argv=argv,
         dry_run=args.dry_run,
-        fixed_malloc=args.fixed_malloc,
         attempts=attempts + 1,
         repeats=args.repeats,
         row_seconds=args.row_seconds,

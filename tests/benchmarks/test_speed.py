@@ -14,7 +14,6 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     grid = ["--cells", "rnn", "--lengths", "5", "--t-batch", "2", "--batches", "--repeats", "1"]
     speed.main([*grid, "--methods", "auto", "blelloch", "chunked-2", "--out", str(out)])
     payload = json.loads(out.read_text())
-    assert payload["fixed_malloc"] is False
     assert payload["b_sweep"] == []
     (row,) = payload["t_sweep"]
     assert (row["cell"], row["length"], row["batch"]) == ("rnn", 5, 2)
@@ -33,18 +32,6 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     assert row["bp_hlo_backward"]["unknown_loops"] == 0
     assert row["bp_page_faults"] >= 0
     assert payload["complete"] and payload["h_sweep"] == []
-
-
-def test_fixed_malloc_is_recorded_and_leaves_no_faults_per_call(tmp_path):
-    """``--fixed-malloc`` (glibc's thresholds fixed, one arena): the buffers of repeated calls
-    come from the heap, so a call faults in no new pages once warmed up."""
-    out = tmp_path / "speed.json"
-    grid = ["--cells", "rnn", "--lengths", "300", "--t-batch", "4", "--batches", "--repeats", "2"]
-    speed.main([*grid, "--methods", "auto", "--fixed-malloc", "--out", str(out)])
-    payload = json.loads(out.read_text())
-    (row,) = payload["t_sweep"]
-    assert payload["fixed_malloc"] is True
-    assert row["bp_page_faults"] == 0 and row["methods"]["auto"]["page_faults"] == 0
 
 
 def test_the_profile_is_fitted_to_a_speed_run(tmp_path, capsys):
