@@ -1,8 +1,6 @@
 """The cost model of the backward methods (bppsa._core.cost): counts that follow the
 algorithms, and a time that adds latency-bound steps to throughput-bound work."""
 
-import math
-
 import pytest
 
 import bppsa
@@ -29,13 +27,18 @@ def test_blelloch_does_about_n_times_the_arithmetic_of_back_propagation():
     assert 64 <= ratio <= 2 * 64
 
 
-@pytest.mark.parametrize("block", [1, 7, 100, 10_000, 20_000])
+@pytest.mark.parametrize("block", [1, 7, 100, 8192, 10_000, 20_000])
 def test_blocks_repeat_the_inner_method(block):
+    """Full blocks of the inner method, and a shorter first block where ``block`` does not
+    divide ``T`` (10k = 1428 x 7 + 4 = 8192 + 1808)."""
     fp = footprint(10_000)
     inner = bppsa.Blelloch().cost(footprint(min(block, 10_000)))
     blocked = bppsa.Blocked(bppsa.Blelloch(), block).cost(fp)
-    blocks = math.ceil(10_000 / min(block, 10_000))
-    assert blocked.steps == inner.steps * blocks and blocked.flops == inner.flops * blocks
+    blocks, head = divmod(10_000, min(block, 10_000))
+    first = bppsa.Blelloch().cost(footprint(head)) if head else cost.Cost(0, 0, 0)
+    assert blocked.steps == inner.steps * blocks + first.steps
+    assert blocked.flops == inner.flops * blocks + first.flops
+    assert (head > 0) == (block in (7, 8192))
 
 
 def test_time_is_latency_plus_the_larger_of_arithmetic_and_bytes():

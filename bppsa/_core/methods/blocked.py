@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import ClassVar
 
-from bppsa._core import backward
+from bppsa._core import backward, cost
 from bppsa._core.methods.base import JacobianMethod
 
 
@@ -52,9 +51,14 @@ class Blocked(JacobianMethod):
         return self.method.span_floats(fp, min(self.block, steps))
 
     def cost(self, fp):
-        steps = min(self.block, fp.length)
-        inner = self.method.cost(dataclasses.replace(fp, length=steps))
-        return None if inner is None else inner.times(math.ceil(fp.length / max(steps, 1)))
+        # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
+        block = max(min(self.block, fp.length), 1)
+        blocks, head = divmod(fp.length, block)
+        parts = [(block, blocks)] + ([(head, 1)] if head else [])
+        costs = [self.method.cost(dataclasses.replace(fp, length=n)) for n, _ in parts]
+        if any(c is None for c in costs):
+            return None
+        return cost.plus(*(c.times(times) for c, (_, times) in zip(costs, parts)))
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         def span(carries, xs, g_end, ct_ys):
