@@ -12,8 +12,10 @@ medians after a warm-up call:
 
 Backward time = total - forward (as in the paper); speedups are BP over BPPSA. Also reported:
 the scan's modelled work and achieved GFLOP/s next to a large matrix product's GFLOP/s measured
-in the same run, what each method ran (``Auto()``'s pick, after the memory guard), and XLA's
-peak temporary memory of each compiled gradient.
+in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's
+peak temporary memory of each compiled gradient, and the minor page faults per call (glibc
+maps the temporary buffers of some calls anew, depending on the process's allocation history;
+its ``MALLOC_*`` environment variables change that, and the times with it).
 
 Each function is compiled once per configuration, ahead of time (names whose method runs the
 same backward share one compilation). A method whose memory estimate exceeds the device's memory
