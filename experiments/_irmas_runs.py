@@ -115,7 +115,12 @@ def make_trainers(
         out_dir,
         identity,
         resolved=lambda name: _methods.describe(  # a GRU step's Jacobian keeps 4 H floats
-            name, clips.frames, config.hidden, batch=config.batch, element=4 * config.hidden
+            name,
+            clips.frames,
+            config.hidden,
+            batch=config.batch,
+            element=4 * config.hidden,
+            inputs=clips.num_features,
         ),
         forward=config.forward,
         label=f"{config.variant} B={config.batch}",
@@ -198,7 +203,12 @@ def breakdown(
             )
         row = _irmas_breakdown.measure(model, params, batch_list, backward, repeats, bar.update)
         chosen = _methods.describe(
-            method, data.frames, hidden, batch=point["batch"], element=4 * hidden
+            method,
+            data.frames,
+            hidden,
+            batch=point["batch"],
+            element=4 * hidden,
+            inputs=data.num_features,
         )
         resolved = f"{chosen} (timed: {backward!r})"
         return dict(frames=data.frames, features=data.num_features, resolved=resolved) | row

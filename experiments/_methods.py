@@ -112,12 +112,14 @@ def describe(
     *,
     batch: int = 1,
     element: int | None = None,
+    inputs: int = 0,
 ) -> str:
     """What method ``name`` runs for ``length`` steps of a ``hidden``-sized state, ``batch``
-    examples vmapped, ``element`` floats per step's Jacobian (``Auto`` resolved to its choice;
-    ``Sequential()`` there means that it runs plain back-propagation)."""
+    examples vmapped, ``element`` floats per step's Jacobian, ``inputs`` features per step
+    (``Auto`` resolved to its choice; ``Sequential()`` there means that it runs plain
+    back-propagation)."""
     method = parse_method(name)
     if isinstance(method, bppsa.Auto):
-        chosen = method.choose(length, hidden, backend, batch=batch, element=element)
+        chosen = method.choose(length, hidden, backend, batch=batch, element=element, inputs=inputs)
         return f"{method!r} -> {chosen!r}"
     return repr(method)

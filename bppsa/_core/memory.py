@@ -66,6 +66,7 @@ class Footprint:
         itemsize: bytes per float.
         batch: examples served at once through ``jax.vmap``.
         size: the state size ``n`` that ``Auto.choose`` sees.
+        inputs: floats of one step's floating-point ``xs`` for one example.
     """
 
     length: int
@@ -75,6 +76,7 @@ class Footprint:
     itemsize: int
     batch: int = 1
     size: int = 0
+    inputs: int = 0
 
     def describe(self) -> str:
         return (
@@ -96,7 +98,12 @@ class Footprint:
 
 
 def footprint(
-    jac_t: MapStack | None, state: int, length: int, itemsize: int, batch: int = 1
+    jac_t: MapStack | None,
+    state: int,
+    length: int,
+    itemsize: int,
+    batch: int = 1,
+    inputs: int = 0,
 ) -> Footprint:
     """The footprint of a scan from the shape of its stacked Jacobians.
 
@@ -107,9 +114,11 @@ def footprint(
         length: number of steps.
         itemsize: bytes per float.
         batch: vmapped examples.
+        inputs: floats of one step's floating-point ``xs`` for one example.
     """
     if jac_t is None:
-        return Footprint(length, state, state * state, state * state, itemsize, batch, state)
+        dense = state * state
+        return Footprint(length, state, dense, dense, itemsize, batch, state, inputs)
     return Footprint(
         length,
         state,
@@ -118,6 +127,7 @@ def footprint(
         itemsize=itemsize,
         batch=batch,
         size=jac_t.size,
+        inputs=inputs,
     )
 
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from bppsa._core import arguments, tracing
 from bppsa._core.body import Body, trace_body
-from bppsa._core.carry import BatchedLayout, Layout, unstacked
+from bppsa._core.carry import BatchedLayout, Layout, is_float, unstacked
 from bppsa._core.memory import Footprint, footprint
 from bppsa.jacobians._stacked import steps_with_jacobians
 
@@ -98,6 +98,7 @@ class Problem:
             length=self.length,
             itemsize=jnp.dtype(layout.dtype).itemsize,
             batch=self.batch,
+            inputs=sum(math.prod(a.shape[1:]) for a in jax.tree.leaves(self.xs) if is_float(a)),
         )
 
 

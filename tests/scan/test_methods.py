@@ -1,8 +1,11 @@
 """Method objects and their resolution from names."""
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import bppsa
+from bppsa.models import GRU
 from bppsa.scan import METHODS, Auto, Blelloch, Blocked, Chunked, Sequential, resolve
 
 
@@ -73,6 +76,18 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     assert Auto().choose(4095, 20, "cpu", batch=16, element=80) == Sequential()
     assert Auto().choose(10_000, 20, "cpu", batch=256, element=80) == Sequential()
     assert Auto().choose(10_000, 40, "cpu", batch=1, element=1600) == Sequential()
+    # With features per step (inputs >= 2: BP's loop also carries the input weights'
+    # cotangents), structured Jacobians stay parallel from 256 steps up to 1280 carry floats
+    # per step over the batch: the IRMAS shapes (T = 259..1034, F = 12..38, B = 16..64).
+    for length, batch, inputs in [(259, 16, 38), (259, 64, 38), (1034, 64, 12), (1000, 16, 2)]:
+        assert Auto().choose(length, 20, "cpu", batch=batch, element=80, inputs=inputs) != (
+            Sequential()
+        ), (length, batch, inputs)
+    for length, batch, inputs in [(1000, 16, 1), (100, 16, 38), (300, 128, 8)]:
+        assert Auto().choose(length, 20, "cpu", batch=batch, element=80, inputs=inputs) == (
+            Sequential()
+        ), (length, batch, inputs)
+    assert Auto().choose(1000, 40, "cpu", batch=1, element=1600, inputs=38) == Sequential()
     # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
     assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
     assert Auto().parallel(1000, 20, "cpu", batch=256, element=80).uses_jacobians
@@ -104,3 +119,29 @@ def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
     assert min(small, key=small.get) == Auto().choose(10_000, 20, "gpu", batch=16, element=20)
     # the backward-time choice never is BP
     assert Auto().parallel(1000, 1024, "gpu", batch=256).uses_jacobians
+
+
+def test_auto_sees_the_features_per_step_of_a_scan():
+    """A scan's footprint counts the floating-point xs per step (here the features beside an
+    integer index, which gets no cotangent), and ``Auto()`` decides with them: the GRU at
+    T = 300, B = 16 runs the parallel pick with 12 features per step and BP with one."""
+    cell = GRU()
+
+    def loss(params, xs, index):
+        def one(x, i):
+            h, _ = bppsa.scan(
+                lambda h, xi: (cell(params, h, xi[0]), None), cell.initial_state(20), (x, i)
+            )
+            return h.sum()
+
+        return jax.vmap(one)(xs, index).sum()
+
+    runs = {}
+    for features in (12, 1):
+        xs = jnp.ones((16, 300, features))
+        index = jnp.zeros((16, 300), jnp.int32)
+        params = cell.init(features, 20, key=jax.random.key(0))
+        with bppsa.trace_plans() as plans:
+            jax.eval_shape(bppsa.grad(loss), params, xs, index)
+        runs[features] = plans[-1].method
+    assert isinstance(runs[12], Blocked) and runs[1] == Sequential()

@@ -29,12 +29,19 @@ from bppsa._core.methods.sequential import Sequential
 # (BP backward / Auto's parallel pick, medians): GRU H = 20, B = 16: 0.40x at T = 100, 0.84x
 # at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
 # at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x. The LSTM's dense (40 x 40) Jacobians:
-# 0.5x at B = 1.
+# 0.5x at B = 1. With CPU_INPUTS floats or more of xs per step (features rather than the
+# benchmark's single bit), BP's loop carries the input weights' cotangents too, and structured
+# Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to CPU_INPUTS_STATE carry floats per
+# step over the batch. Measured (GRU H = 20, backward medians, 2-core CPU): IRMAS shapes
+# (T = 259 / 517 / 1034, F = 38 / 24 / 12) 1.63x / 1.82x / 2.14x at B = 16, 1.26x-2.26x at
+# B = 64; T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1 0.75-1.4x); T = 300, B = 32:
+# F = 2 1.14x, F = 8 1.41x; but F = 8 at T = 100, B = 16 1.01x and at T = 300, B = 128 0.95x.
 CPU_BLOCK_WORK = 2**20
 CPU_BLOCK_STEPS = (64, 8192)
 CPU_PARALLEL_WORK = 1024
 CPU_PARALLEL_STATE = 4096
 CPU_LONG = 4096
+CPU_INPUTS, CPU_INPUTS_LENGTH, CPU_INPUTS_STATE = 2, 256, 1280
 
 # Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
 # a segmented sum) costs in units of one of the dense backward's convolutions. Measured on
@@ -83,6 +90,7 @@ class Auto(Method):
         *,
         batch: int = 1,
         element: int | None = None,
+        inputs: int = 0,
     ) -> Method:
         """The method used for a scan.
 
@@ -93,13 +101,15 @@ class Auto(Method):
             batch: examples served at once through ``jax.vmap``.
             element: floats of one step's transposed Jacobian as stored (e.g. ``n`` for the
                 RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
+            inputs: floats of one step's floating-point ``xs`` for one example (the features
+                per frame); on CPUs more of them favour the parallel methods.
 
         Returns:
             A concrete method; ``Sequential()`` means plain back-propagation.
         """
         if not _on_cpu(backend):
             return _fastest(ACCELERATOR_CHOICES, length, size, backend, batch, element)
-        if not _parallel_pays_on_cpu(length, size, batch, _element(size, element)):
+        if not _parallel_pays_on_cpu(length, size, batch, _element(size, element), inputs):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -141,8 +151,11 @@ class Auto(Method):
 
     def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
         """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
-        pick = self.parallel if parallel else self.choose
-        return pick(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
+        if parallel:
+            return self.parallel(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
+        return self.choose(
+            fp.length, fp.size, backend, batch=fp.batch, element=fp.element, inputs=fp.inputs
+        )
 
     def concrete(self, problem):
         return self.for_footprint(problem.footprint)
@@ -196,10 +209,15 @@ def _fastest(candidates, length, size, backend, batch, element) -> Method:
     return min(times, key=times.get)
 
 
-def _parallel_pays_on_cpu(length: int, size: int, batch: int, element: int) -> bool:
-    if length >= CPU_LONG and element < size * size:  # structured: cheap chain steps
+def _parallel_pays_on_cpu(length: int, size: int, batch: int, element: int, inputs: int) -> bool:
+    if batch * element <= CPU_PARALLEL_WORK:
+        return True
+    if element >= size * size:  # dense Jacobians: the chain's steps are full products
+        return False
+    if length >= CPU_LONG:  # structured: cheap chain steps, a saving that grows with T
         return batch * size <= CPU_PARALLEL_STATE
-    return batch * element <= CPU_PARALLEL_WORK
+    wide = inputs >= CPU_INPUTS and length >= CPU_INPUTS_LENGTH
+    return wide and batch * size <= CPU_INPUTS_STATE
 
 
 def _on_cpu(backend: str | None) -> bool:
