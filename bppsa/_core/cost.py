@@ -58,11 +58,13 @@ PROFILES = {"gpu": H200, "cuda": H200, "rocm": H200, "tpu": H200}
 # counts in the compiled backward passes of a speed run (benchmarks/fit_profile.py, which also
 # reports the error on every row). Auto() does not choose by it on CPUs (it uses the measured
 # rules of methods/auto.py); the speed benchmark prints its predictions beside the measurements.
-# Fitted to benchmarks/results/floor/cpu_b16_run1.json and cpu_b1_run1.json (68 backward passes:
-# BP and Auto, RNN and GRU, T = 100 to 1M, B = 1 to 256): measured / model median 1.00,
-# quartiles 0.71-1.30, range 0.38-2.93 (benchmarks/results/floor/cpu_profile_fit.json).
+# Fitted to benchmarks/results/floor2/cpu_b{1,16}_run{1,2,3}.json and cpu_long_b{1,16}.json
+# (96 backward passes: BP and Auto, RNN and GRU, T = 100 to 1M, B = 1 and 16): measured / model
+# median 0.88, quartiles 0.70-1.40, range 0.45-3.76; the largest misses are BP's long
+# sequences, whose calls fault in their temporary buffers anew (the model counts no page
+# faults) (benchmarks/results/floor2/cpu_profile_fit.json).
 CPU = Profile(
-    "2-core CPU (fitted: 38.4 GFLOP/s, 34.3 GB/s, 25.5 ns per kernel)", 38.4e9, 34.3e9, 25.5e-9
+    "2-core CPU (fitted: 31.2 GFLOP/s, 84.0 GB/s, 41.2 ns per kernel)", 31.2e9, 84.0e9, 41.2e-9
 )
 
 
