@@ -77,13 +77,14 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     assert Auto().choose(10_000, 20, "cpu", batch=256, element=80) == Sequential()
     assert Auto().choose(10_000, 40, "cpu", batch=1, element=1600) == Sequential()
     # With features per step (inputs >= 2: BP's loop also carries the input weights'
-    # cotangents), structured Jacobians stay parallel from 256 steps up to 1280 carry floats
-    # per step over the batch: the IRMAS shapes (T = 259..1034, F = 12..38, B = 16..64).
-    for length, batch, inputs in [(259, 16, 38), (259, 64, 38), (1034, 64, 12), (1000, 16, 2)]:
+    # cotangents), structured Jacobians stay parallel from 256 steps up to 640 carry floats per
+    # step over the batch, from 512 steps up to 1280: the IRMAS shapes (T = 259, 517, 1034;
+    # F = 38, 24, 12) at B = 16 and 32, and from T = 517 on at B = 64.
+    for length, batch, inputs in [(259, 16, 38), (259, 32, 38), (517, 64, 24), (1000, 16, 2)]:
         assert Auto().choose(length, 20, "cpu", batch=batch, element=80, inputs=inputs) != (
             Sequential()
         ), (length, batch, inputs)
-    for length, batch, inputs in [(1000, 16, 1), (100, 16, 38), (300, 128, 8)]:
+    for length, batch, inputs in [(1000, 16, 1), (100, 16, 38), (259, 64, 38), (300, 128, 8)]:
         assert Auto().choose(length, 20, "cpu", batch=batch, element=80, inputs=inputs) == (
             Sequential()
         ), (length, batch, inputs)

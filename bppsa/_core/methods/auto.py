@@ -31,17 +31,19 @@ from bppsa._core.methods.sequential import Sequential
 # at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x. The LSTM's dense (40 x 40) Jacobians:
 # 0.5x at B = 1. With CPU_INPUTS floats or more of xs per step (features rather than the
 # benchmark's single bit), BP's loop carries the input weights' cotangents too, and structured
-# Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to CPU_INPUTS_STATE carry floats per
-# step over the batch. Measured (GRU H = 20, backward medians, 2-core CPU): IRMAS shapes
-# (T = 259 / 517 / 1034, F = 38 / 24 / 12) 1.63x / 1.82x / 2.14x at B = 16, 1.26x-2.26x at
-# B = 64; T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1 0.75-1.4x); T = 300, B = 32:
-# F = 2 1.14x, F = 8 1.41x; but F = 8 at T = 100, B = 16 1.01x and at T = 300, B = 128 0.95x.
+# Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to CPU_INPUTS_STATE[0] carry floats
+# per step over the batch, from twice as many steps up to CPU_INPUTS_STATE[1]. Measured (GRU
+# H = 20, backward medians, 2-core CPU; three runs of the IRMAS breakdown, S / M / L =
+# T 259 / 517 / 1034 with F = 38 / 24 / 12): B = 16 1.46-1.79x / 1.46-1.91x / 1.45-2.10x,
+# B = 32 1.49-1.61x / 1.63-1.68x / 1.33-1.78x, B = 64 0.94-1.44x / 1.45-1.60x / 2.07-2.40x;
+# T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1 0.75-1.4x); T = 300, B = 32: F = 2
+# 1.14x, F = 8 1.41x; F = 8 at T = 100, B = 16 1.01x and at T = 300, B = 128 0.95x.
 CPU_BLOCK_WORK = 2**20
 CPU_BLOCK_STEPS = (64, 8192)
 CPU_PARALLEL_WORK = 1024
 CPU_PARALLEL_STATE = 4096
 CPU_LONG = 4096
-CPU_INPUTS, CPU_INPUTS_LENGTH, CPU_INPUTS_STATE = 2, 256, 1280
+CPU_INPUTS, CPU_INPUTS_LENGTH, CPU_INPUTS_STATE = 2, 256, (640, 1280)
 
 # Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
 # a segmented sum) costs in units of one of the dense backward's convolutions. Measured on
@@ -216,8 +218,9 @@ def _parallel_pays_on_cpu(length: int, size: int, batch: int, element: int, inpu
         return False
     if length >= CPU_LONG:  # structured: cheap chain steps, a saving that grows with T
         return batch * size <= CPU_PARALLEL_STATE
-    wide = inputs >= CPU_INPUTS and length >= CPU_INPUTS_LENGTH
-    return wide and batch * size <= CPU_INPUTS_STATE
+    if inputs < CPU_INPUTS or length < CPU_INPUTS_LENGTH:
+        return False
+    return batch * size <= CPU_INPUTS_STATE[length >= 2 * CPU_INPUTS_LENGTH]
 
 
 def _on_cpu(backend: str | None) -> bool:
