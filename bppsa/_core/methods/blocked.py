@@ -54,11 +54,13 @@ class Blocked(JacobianMethod):
         # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
         block = max(min(self.block, fp.length), 1)
         blocks, head = divmod(fp.length, block)
-        parts = [(block, blocks)] + ([(head, 1)] if head else [])
-        costs = [self.method.cost(dataclasses.replace(fp, length=n)) for n, _ in parts]
-        if any(c is None for c in costs):
+        full = self.method.cost(dataclasses.replace(fp, length=block))
+        first = (
+            self.method.cost(dataclasses.replace(fp, length=head)) if head else cost.Cost(0, 0, 0)
+        )
+        if full is None or first is None:
             return None
-        return cost.plus(*(c.times(times) for c, (_, times) in zip(costs, parts)))
+        return cost.plus(full.times(blocks), first)
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         def span(carries, xs, g_end, ct_ys):
