@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 # Tolerances on the normwise relative error max|a - b| / max|b| of each gradient leaf.
 # Normwise, because BPPSA sums the same products in a different order than back-propagation:
@@ -18,6 +20,34 @@ import numpy as np
 # for RNN, GRU and LSTM (benchmarks/gradient_error.py), so 1e-5 leaves a 30x margin while an
 # ordering bug (errors of ~1e-2) still fails.
 RTOL = {jnp.dtype("float64"): 1e-10, jnp.dtype("float32"): 1e-5}
+
+
+def marked_slow(*values) -> list:
+    """``values`` as ``pytest.param``s that only ``-m slow`` runs."""
+    return [pytest.param(value, marks=pytest.mark.slow) for value in values]
+
+
+def spread(*axes, crossed: int = 1) -> list:
+    """Every combination of ``axes`` as ``pytest.param``s of one ``parametrize``, the default
+    suite running a covering part of them and ``-m slow`` the rest.
+
+    The first ``crossed`` axes are crossed (every combination of their values is in the default
+    suite); every other axis is rotated over those combinations, so each of its values is still
+    met there. A value that is a tuple fills several argument names (``"length,where"``).
+    """
+    heads = list(itertools.product(*(range(len(axis)) for axis in axes[:crossed])))
+    tails = [len(axis) for axis in axes[crossed:]]
+    default = {
+        heads[j % len(heads)] + tuple(j % size for size in tails)
+        for j in range(max([len(heads), *tails]))
+    }
+    params = []
+    for index in itertools.product(*(range(len(axis)) for axis in axes)):
+        values = [axis[i] for axis, i in zip(axes, index, strict=True)]
+        flat = [v for value in values for v in (value if isinstance(value, tuple) else (value,))]
+        marks = () if index in default else (pytest.mark.slow,)
+        params.append(pytest.param(*flat, marks=marks, id="-".join(map(str, flat))))
+    return params
 
 
 def relative_errors(actual, expected) -> list[float]:

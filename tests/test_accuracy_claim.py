@@ -18,6 +18,7 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU, RNN
+from tests.helpers import spread
 
 BATCH, HIDDEN, CLASSES = 8, 20, 10
 GAIN = 0.9  # W_hh blocks = 0.9 x orthogonal: the float32 trajectories stay near the float64 one
@@ -84,9 +85,9 @@ def reference_and_bp(cell_name, length):
     return reference, median_error(bp, reference)
 
 
-@pytest.mark.parametrize("method", METHOD_LIST, ids=repr)
-@pytest.mark.parametrize("length", LENGTHS)
-@pytest.mark.parametrize("cell_name", sorted(CELLS))
+@pytest.mark.parametrize(
+    "cell_name,method,length", spread(sorted(CELLS), METHOD_LIST, LENGTHS, crossed=2)
+)
 def test_bppsa_float32_error_within_2x_of_back_propagation(cell_name, length, method):
     reference, bp_error = reference_and_bp(cell_name, length)
     cell = CELLS[cell_name]

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
-from tests.helpers import assert_close_to_back_propagation, assert_trees_close
+from tests.helpers import assert_close_to_back_propagation, assert_trees_close, marked_slow
 
 METHOD_LIST = [
     bppsa.Blelloch(),
@@ -44,6 +44,13 @@ METHOD_LIST = [
     "blelloch",
 ]
 METHODS = st.sampled_from(METHOD_LIST)
+# The per-method properties run in the default suite for one method of each kind; the variants
+# (another chunk count or block, the name of a method beside the method) only with -m slow.
+SLOW_VARIANTS = (METHOD_LIST[2], METHOD_LIST[4], METHOD_LIST[8])
+PER_METHOD_LIST = [
+    *(m for m in METHOD_LIST if m not in SLOW_VARIANTS),
+    *marked_slow(*SLOW_VARIANTS),
+]
 LENGTHS = st.integers(2, 9)
 SHORT_LENGTHS = st.integers(0, 1)
 LEAF_SHAPES = st.sampled_from([(), (1,), (3,), (2, 2), (0,)])
@@ -170,7 +177,7 @@ def check_pytree_problem(problem):
         assert_close_to_back_propagation(actual, expected, dtype, back_propagation, args)
 
 
-@pytest.mark.parametrize("method", METHOD_LIST, ids=repr)
+@pytest.mark.parametrize("method", PER_METHOD_LIST, ids=repr)
 @PER_METHOD
 @given(problem=pytree_problems(LENGTHS))
 def test_pytrees_lengths_reverse_and_methods_match_lax_scan(method, problem):
@@ -265,7 +272,7 @@ def check_cell_problem(cell, hidden, inputs, batch, length, reverse, where, meth
         assert_close_to_back_propagation(actual, expected, dtype, back_propagation, args)
 
 
-@pytest.mark.parametrize("method", METHOD_LIST, ids=repr)
+@pytest.mark.parametrize("method", PER_METHOD_LIST, ids=repr)
 @PER_METHOD
 @given(problem=cell_problems(LENGTHS))
 def test_cells_with_analytic_jacobians_match_lax_scan(method, problem):

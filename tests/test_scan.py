@@ -11,7 +11,7 @@ import pytest
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
 from bppsa.scan import resolve
-from tests.helpers import assert_path, assert_trees_close, cell_loss, cell_problem
+from tests.helpers import assert_path, assert_trees_close, cell_loss, cell_problem, spread
 
 CELLS = {"rnn": RNN(), "rnn_relu": RNN("relu"), "gru": GRU(), "lstm": LSTM()}
 METHODS = [
@@ -43,7 +43,8 @@ def check_cell(cell, method, length, batch, hidden, dtype, where, runs=None):
 
 
 # Both places a cotangent can enter (the final carry; every y_t) over lengths that are not powers
-# of two; the slow grid below crosses everything with everything.
+# of two; the slow grid below crosses everything with everything. The default suite runs a
+# covering part of each product of cases (tests.helpers.spread), ``-m slow`` all of it.
 LENGTHS_AND_LOSSES = [
     (1, "last"),
     (2, "every"),
@@ -56,15 +57,20 @@ LENGTHS_AND_LOSSES = [
 ]
 
 
-@pytest.mark.parametrize("length,where", LENGTHS_AND_LOSSES)
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("length,where,cell", spread(LENGTHS_AND_LOSSES, ["rnn", "gru", "lstm"]))
 def test_cells_match_back_propagation(cell, length, where, dtype):
     check_cell(CELLS[cell], "blelloch", length, 16, 20, dtype, where)
 
 
-@pytest.mark.parametrize("length,where", [(1, "last"), (17, "every"), (100, "last")])
-@pytest.mark.parametrize("method", [bppsa.Chunked(), bppsa.Chunked(7)], ids=str)
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize(
+    "cell,method,length,where",
+    spread(
+        ["rnn", "gru", "lstm"],
+        [bppsa.Chunked(), bppsa.Chunked(7)],
+        [(1, "last"), (17, "every"), (100, "last")],
+        crossed=2,
+    ),
+)
 def test_chunked_matches_back_propagation(cell, method, length, where, dtype):
     check_cell(CELLS[cell], method, length, 16, 20, dtype, where)
 
@@ -74,24 +80,26 @@ def test_sequential_scan_of_jacobians(cell, dtype):
     check_cell(CELLS[cell], bppsa.Sequential(jacobians=True), 17, 16, 20, dtype, "every")
 
 
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("hidden,batch", [(1, 1), (64, 1), (1, 16)])
+@pytest.mark.parametrize("cell,hidden,batch", spread(list(CELLS), [(1, 1), (64, 1), (1, 16)]))
 def test_hidden_and_batch_sizes(cell, hidden, batch, dtype):
     check_cell(CELLS[cell], "blelloch", 17, batch, hidden, dtype, "every")
 
 
-@pytest.mark.parametrize("length,where", [(17, "every"), (64, "last")])
 @pytest.mark.parametrize(
-    "method", [bppsa.Blocked(bppsa.Chunked(1), 16), bppsa.Blocked(bppsa.Chunked(3), 7)], ids=str
+    "method,length,where,cell",
+    spread(
+        [bppsa.Blocked(bppsa.Chunked(1), 16), bppsa.Blocked(bppsa.Chunked(3), 7)],
+        [(17, "every"), (64, "last")],
+        ["rnn", "gru", "lstm"],
+        crossed=2,
+    ),
 )
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_time_blocks_match_back_propagation(cell, method, length, where, dtype):
     """Blocks that divide T and that do not (a shorter first block)."""
     check_cell(CELLS[cell], method, length, 4, 8, dtype, where)
 
 
-@pytest.mark.parametrize("method", ["blelloch", "chunked"])
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+@pytest.mark.parametrize("cell,method", spread(["rnn", "gru", "lstm"], ["blelloch", "chunked"]))
 def test_long_sequences(cell, method, dtype):
     check_cell(CELLS[cell], method, 1000, 16, 20, dtype, "last")
 

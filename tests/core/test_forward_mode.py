@@ -9,7 +9,7 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU, gru_cell
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, marked_slow
 
 H, I, T = 4, 2, 13
 # The body's carry is the GRU's state and one more leaf: its Jacobians come from autodiff.
@@ -17,10 +17,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::bppsa.AnalyticJacobianWarning")
 METHODS = [
     "auto",
     "blelloch",
-    "sequential",
     bppsa.Sequential(jacobians=True),
-    bppsa.Chunked(3),
     bppsa.Blocked(bppsa.Chunked(2), 4),
+    *marked_slow("sequential", bppsa.Chunked(3)),  # lax.scan's own rules; a chunk count
 ]
 
 

@@ -11,7 +11,7 @@ import bppsa
 from bppsa._core.memory import Footprint
 from bppsa.models import GRU, gru_cell
 from bppsa.scan import JacobianMethod, apply
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, spread
 
 XS = jnp.linspace(-1.0, 1.0, 26).reshape(13, 2)
 PARAMS = GRU().init(2, 3, key=jax.random.key(0))
@@ -60,9 +60,9 @@ def test_a_method_defined_outside_the_library(method):
 
 
 @pytest.mark.parametrize(
-    "inner", [bppsa.Blelloch(), bppsa.Chunked(2), bppsa.Sequential(jacobians=True)], ids=str
+    "inner,block",
+    spread([bppsa.Blelloch(), bppsa.Chunked(2), bppsa.Sequential(jacobians=True)], [1, 4, 13, 50]),
 )
-@pytest.mark.parametrize("block", [1, 4, 13, 50])
 def test_blocked_wraps_any_jacobian_method(inner, block):
     method = bppsa.Blocked(inner, block)
     args = (PARAMS, 0.3 * jnp.ones(3))

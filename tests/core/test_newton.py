@@ -9,7 +9,7 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
-from tests.helpers import NEWTON_RTOL, assert_trees_close
+from tests.helpers import NEWTON_RTOL, assert_trees_close, spread
 
 H, I = 5, 2
 
@@ -45,8 +45,7 @@ def _info_recorder():
     return infos, record
 
 
-@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm", "autodiff"])
-@pytest.mark.parametrize("length", [1, 2, 3, 17])
+@pytest.mark.parametrize("cell,length", spread(["rnn", "gru", "lstm", "autodiff"], [1, 2, 3, 17]))
 def test_newton_forward_equals_lax_scan(dtype, cell, length):
     body, init = _cells(dtype)[cell]
     xs = _xs(length, dtype)
@@ -152,8 +151,7 @@ METHODS = [
 ]
 
 
-@pytest.mark.parametrize("method", METHODS, ids=str)
-@pytest.mark.parametrize("quasi", [False, True])
+@pytest.mark.parametrize("method,quasi", spread(METHODS, [False, True]))
 def test_gradients_of_newton_forward_scans_equal_jax_grad(x64, method, quasi):
     cells = _cells(jnp.float64)
     xs = _xs(23, jnp.float64)

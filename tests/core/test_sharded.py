@@ -18,18 +18,30 @@ from tests.helpers import assert_trees_close
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_on_emulated_devices():
+def run_emulated(marks: str):
+    """tests/multidevice/ in a subprocess with 8 emulated devices, its cases selected by
+    ``marks`` (a ``-m`` expression)."""
     env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(MULTIDEVICE), PYTHONPATH=ROOT)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks]
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/multidevice"],
+        [*command, "tests/multidevice"],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
     assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]
+
+
+def test_on_emulated_devices():
+    run_emulated("not slow")
+
+
+@pytest.mark.slow
+def test_on_emulated_devices_exhaustive():
+    run_emulated("slow")
 
 
 def one_device_mesh(names=("t",)):

@@ -7,7 +7,7 @@ import pytest
 
 from bppsa.jacobians import gru_jacobian_t, has_analytic_jacobian, lstm_jacobian_t, rnn_jacobian_t
 from bppsa.models import gru_cell, init_params, lstm_cell, rnn_cell
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, spread
 
 H, I = 7, 3
 
@@ -36,8 +36,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("batch", [(), (2, 3)])
-@pytest.mark.parametrize("case", CASES)
+# Batch shapes are tuples: each is wrapped so that it fills one argument.
+@pytest.mark.parametrize("case,batch", spread(list(CASES), [((),), ((2, 3),)]))
 def test_matches_autodiff(case, batch, dtype):
     cell, builder, gates = CASES[case]
     keys = jax.random.split(jax.random.key(0), 4)

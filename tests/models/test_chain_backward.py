@@ -21,7 +21,7 @@ from bppsa.models import (
     magnitude_prune,
     vgg11,
 )
-from tests.helpers import RTOL, assert_trees_close, relative_errors
+from tests.helpers import RTOL, assert_trees_close, relative_errors, spread
 
 # float32: the scan sums the products of up to ~10 layers' Jacobians in another order than
 # back-propagation, and a conv's weight gradient is one reduction over B*H*W; measured <= 3e-7
@@ -88,9 +88,9 @@ def loss_of(apply, masks):
     return loss
 
 
-@pytest.mark.parametrize("method", SCAN_METHODS, ids=repr)
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("sparsity", [None, 0.6])
+@pytest.mark.parametrize(
+    "method,sparsity,batch", spread(SCAN_METHODS, [None, 0.6], [1, 3], crossed=2)
+)
 def test_gradient_equals_lax_back_propagation(method, batch, sparsity, dtype):
     chain, params, x, masks = problem(dtype, batch, sparsity=sparsity)
     apply = lambda p, x, m: chain.apply(p, x, masks=m)

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
-from tests.helpers import assert_trees_close, cell_loss, cell_problem
+from tests.helpers import assert_trees_close, cell_loss, cell_problem, spread
 
 
 class Autodiff(RNN):
@@ -53,9 +53,10 @@ def test_eight_devices():
     assert len(jax.devices()) == 8
 
 
-@pytest.mark.parametrize("length,where", [(17, "every"), (3, "last"), (16, "last")])
-@pytest.mark.parametrize("devices", [2, 4, 8])
-@pytest.mark.parametrize("cell", sorted(CELLS))
+@pytest.mark.parametrize(
+    "cell,devices,length,where",
+    spread(sorted(CELLS), [2, 4, 8], [(17, "every"), (3, "last"), (16, "last")], crossed=2),
+)
 def test_cells_match_back_propagation(cell, devices, length, where, dtype):
     check(cell, bppsa.Sharded(mesh_of(devices), "t"), length, where, dtype)
 

@@ -8,6 +8,7 @@ import pytest
 
 from bppsa.scan import Dense, combine
 from bppsa.scan._chain import chain_memory, chain_plan, chain_scan
+from tests.helpers import spread
 from tests.scan.test_sparse import assert_close, dense_of, random_pattern, random_sparse
 
 LEVELS = [0, 1, 2, None]
@@ -43,8 +44,7 @@ def python_loop(g, maps):
     return out[::-1]
 
 
-@pytest.mark.parametrize("levels", LEVELS)
-@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("length,levels", spread(LENGTHS, LEVELS))
 def test_matches_python_loop(length, levels, dtype):
     g, maps = random_chain(length, dtype, seed=length)  # the seed also shifts the type cycle
     out = chain_scan(g, maps, levels=levels)
