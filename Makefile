@@ -25,8 +25,10 @@ $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/python -m experiments.demo
 
+# Two worker processes (pytest-xdist), one file per worker at a time: the suite is mostly
+# compilation, one core each.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The HTML reference of the public API (from the docstrings) and the README's usage sections, in
 # docs/_build/html/index.html; warnings are errors (tests/test_docs.py builds the same).

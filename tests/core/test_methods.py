@@ -49,7 +49,11 @@ def loss(scan, method=None):
     return fn
 
 
-@pytest.mark.parametrize("method", [PythonLoop(), bppsa.Blocked(PythonLoop(), 5)], ids=str)
+@pytest.mark.parametrize(
+    "method",
+    [PythonLoop(), bppsa.Blocked(PythonLoop(), 5)],
+    ids=["PythonLoop", "Blocked(PythonLoop, 5)"],  # names without addresses: the same in every run
+)
 def test_a_method_defined_outside_the_library(method):
     args = (PARAMS, 0.3 * jnp.ones(3))
     expected = jax.grad(loss(jax.lax.scan), argnums=(0, 1))(*args)

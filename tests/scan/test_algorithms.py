@@ -15,6 +15,13 @@ ALGORITHMS = [blelloch, sequential, functools.partial(chunked, chunks=3)]
 MORE_CHUNKS = [functools.partial(chunked, chunks=c) for c in (1, 2, 16)]
 
 
+def algorithm_name(algorithm) -> str:
+    """A test id without an address (the same in every process, as pytest-xdist needs)."""
+    if isinstance(algorithm, functools.partial):
+        return f"{algorithm.func.__name__}(chunks={algorithm.keywords['chunks']})"
+    return algorithm.__name__
+
+
 def python_loop(g_last, a, b):
     """g_{t-1} = A_t g_t + b_t from t = T down to 1, in NumPy; returns g_0, ..., g_T."""
     out = [np.asarray(g_last)]
@@ -32,7 +39,7 @@ def random_problem(length, batch, n, dtype, seed=0):
     return (np.asarray(x, dtype) for x in (g, a, b))
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: getattr(a, "__name__", str(a)))
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_name)
 @pytest.mark.parametrize("length", LENGTHS)
 @pytest.mark.parametrize("batch", [(), (3,)])
 def test_dense_matches_python_loop(algorithm, length, batch, dtype):
@@ -55,7 +62,7 @@ def check_dense(algorithm, length, batch, dtype):
     assert_trees_close(out, python_loop(g, a, b).astype(dtype), dtype)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=lambda a: getattr(a, "__name__", str(a)))
+@pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_name)
 @pytest.mark.parametrize("length", [1, 5, 17])
 @pytest.mark.parametrize("reps,diagonal", [(1, False), (3, True)])
 def test_structured_matches_python_loop(algorithm, length, reps, diagonal, x64):
