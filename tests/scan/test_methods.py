@@ -66,14 +66,15 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     assert Auto().choose(1000, 20, "cpu", batch=64, element=20) == Sequential()
     assert Auto().choose(1000, 20, "cpu", batch=8, element=80) != Sequential()
     assert Auto().choose(1000, 20, "cpu", batch=16, element=80) == Sequential()
-    # From 4096 steps on, structured Jacobians (the RNN's, the GRU's) stay parallel up to 4096
+    # From 2048 steps on, structured Jacobians (the RNN's, the GRU's) stay parallel up to 4096
     # carry floats per step over the batch; dense ones (the LSTM's 40 x 40) only up to 1024
     # Jacobian floats.
     assert Auto().choose(10_000, 20, "cpu", batch=128, element=20) != Sequential()
     assert Auto().choose(10_000, 20, "cpu", batch=256, element=20) == Sequential()
     assert Auto().choose(10_000, 20, "cpu", batch=32, element=80) != Sequential()
-    assert Auto().choose(4096, 20, "cpu", batch=16, element=80) != Sequential()
-    assert Auto().choose(4095, 20, "cpu", batch=16, element=80) == Sequential()
+    assert Auto().choose(2048, 20, "cpu", batch=16, element=80) != Sequential()
+    assert Auto().choose(2047, 20, "cpu", batch=16, element=80) == Sequential()
+    assert Auto().choose(2500, 20, "cpu", batch=64, element=20) != Sequential()
     assert Auto().choose(10_000, 20, "cpu", batch=256, element=80) == Sequential()
     assert Auto().choose(10_000, 40, "cpu", batch=1, element=1600) == Sequential()
     # With features per step (inputs >= 2: BP's loop also carries the input weights'

@@ -28,9 +28,12 @@ from bppsa._core.methods.sequential import Sequential
 # with T while a block's fixed costs do not. Measured with benchmarks/speed.py on a 2-core CPU
 # (BP backward / Auto's parallel pick, medians): GRU H = 20, B = 16: 0.40x at T = 100, 0.84x
 # at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
-# at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x. The LSTM's dense (40 x 40) Jacobians:
-# 0.5x at B = 1. With CPU_INPUTS floats or more of xs per step (features rather than the
-# benchmark's single bit), BP's loop carries the input weights' cotangents too, and structured
+# at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x; three processes each, single input:
+# GRU B = 16 with blocks of 512 at T = 2000 1.03-1.41x (BP kept below CPU_LONG), at T = 3000
+# 1.47-1.98x; RNN at T = 2500 (blocks of 256) B = 64 2.00-2.11x, B = 128 0.98-1.15x. The
+# LSTM's dense (40 x 40) Jacobians: 0.5x at B = 1. With CPU_INPUTS floats or more of xs per
+# step (features rather than the benchmark's single bit), BP's loop carries the input weights'
+# cotangents too, and structured
 # Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to CPU_INPUTS_STATE[0] carry floats
 # per step over the batch, from twice as many steps up to CPU_INPUTS_STATE[1]. Measured (GRU
 # H = 20, backward medians, 2-core CPU; three runs of the IRMAS breakdown, S / M / L =
@@ -42,7 +45,7 @@ CPU_BLOCK_WORK = 2**20
 CPU_BLOCK_STEPS = (64, 8192)
 CPU_PARALLEL_WORK = 1024
 CPU_PARALLEL_STATE = 4096
-CPU_LONG = 4096
+CPU_LONG = 2048
 CPU_INPUTS, CPU_INPUTS_LENGTH, CPU_INPUTS_STATE = 2, 256, (640, 1280)
 
 # Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
