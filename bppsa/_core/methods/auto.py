@@ -30,7 +30,7 @@ from bppsa._core.methods.sequential import Sequential
 # at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
 # at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x; three processes each, single input:
 # GRU B = 16 with blocks of 512 at T = 2000 1.03-1.41x (BP kept below CPU_LONG), at T = 3000
-# 1.47-1.98x; RNN at T = 2500 (blocks of 256) B = 64 2.00-2.11x, B = 128 0.98-1.15x. The
+# 1.47-1.98x; RNN at T = 2500 B = 64 (blocks of 512) 1.77-1.91x, B = 128 (256) 0.98-1.15x. The
 # LSTM's dense (40 x 40) Jacobians: 0.5x at B = 1. With CPU_INPUTS floats or more of xs per
 # step (features rather than the benchmark's single bit), BP's loop carries the input weights'
 # cotangents too, and structured
