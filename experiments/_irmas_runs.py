@@ -76,6 +76,22 @@ PRESETS = {
 }
 
 
+GRU_ELEMENT = 4  # a GRU step's Jacobian keeps 4 H floats per example (three gate scales, z)
+
+
+def describe(name: str, clips: Clips, hidden: int, batch: int) -> str:
+    """What method ``name`` runs for the GRU over ``clips`` at ``batch`` (its frames as T, its
+    features per step as the inputs Auto weighs)."""
+    return _methods.describe(
+        name,
+        clips.frames,
+        hidden,
+        batch=batch,
+        element=GRU_ELEMENT * hidden,
+        inputs=clips.num_features,
+    )
+
+
 def model_for(clips: Clips, hidden: int) -> SequenceClassifier:
     return SequenceClassifier(clips.num_features, hidden, irmas.NUM_CLASSES, cell=GRU())
 
@@ -114,14 +130,7 @@ def make_trainers(
         methods,
         out_dir,
         identity,
-        resolved=lambda name: _methods.describe(  # a GRU step's Jacobian keeps 4 H floats
-            name,
-            clips.frames,
-            config.hidden,
-            batch=config.batch,
-            element=4 * config.hidden,
-            inputs=clips.num_features,
-        ),
+        resolved=lambda name: describe(name, clips, config.hidden, config.batch),
         forward=config.forward,
         label=f"{config.variant} B={config.batch}",
         num_iterations=config.num_iterations(clips),
@@ -199,18 +208,10 @@ def breakdown(
             # Fig. 9 breaks BPPSA's time down: time the method Auto runs BPPSA with, even where
             # it would run plain back-propagation instead on this backend (large batches).
             backward = backward.parallel(
-                data.frames, hidden, batch=point["batch"], element=4 * hidden
+                data.frames, hidden, batch=point["batch"], element=GRU_ELEMENT * hidden
             )
         row = _irmas_breakdown.measure(model, params, batch_list, backward, repeats, bar.update)
-        chosen = _methods.describe(
-            method,
-            data.frames,
-            hidden,
-            batch=point["batch"],
-            element=4 * hidden,
-            inputs=data.num_features,
-        )
-        resolved = f"{chosen} (timed: {backward!r})"
+        resolved = f"{describe(method, data, hidden, point['batch'])} (timed: {backward!r})"
         return dict(frames=data.frames, features=data.num_features, resolved=resolved) | row
 
     with bar:
