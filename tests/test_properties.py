@@ -46,7 +46,7 @@ METHOD_LIST = [
 METHODS = st.sampled_from(METHOD_LIST)
 # The per-method properties run in the default suite for one method of each kind; the variants
 # (another chunk count or block, the name of a method beside the method) only with -m slow.
-SLOW_VARIANTS = (METHOD_LIST[2], METHOD_LIST[4], METHOD_LIST[8])
+SLOW_VARIANTS = (bppsa.Chunked(2), bppsa.Blocked(bppsa.Chunked(1), 2), "blelloch")
 PER_METHOD_LIST = [
     *(m for m in METHOD_LIST if m not in SLOW_VARIANTS),
     *marked_slow(*SLOW_VARIANTS),

@@ -15,32 +15,31 @@ from bppsa._core.methods.chunked import Chunked
 from bppsa._core.methods.sequential import Sequential
 
 # Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
-# summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays
-# in cache while amortizing a block's fixed costs (its ~25 kernels cost about 5 us each at
-# small batches). Measured at T = 10k, H = 20 (benchmarks/speed.py's problem, backward medians
-# of 7 interleaved rounds, three processes each, 2-core CPU): the GRU at B = 1 2.85-3.76 ms
-# with blocks of 8192 against 3.76-4.06 ms with 1024, at B = 16 31.1-32.7 ms with 512 against
-# 36.5-39.5 ms with 256; the RNN at B = 1 and B = 16 within the spread either way (8192 vs
-# 1024: 1.83-2.29 vs 1.83-1.95 ms; 2048 vs 1024: 13.2-18.3 vs 12.8-20.8 ms).
-# Back-propagation itself is faster for large batches: above CPU_PARALLEL_WORK;
-# from CPU_LONG steps on, structured Jacobians (fewer floats than n^2 per step) stay parallel
-# up to CPU_PARALLEL_STATE carry floats per step (batch x n) instead, because the saving grows
-# with T while a block's fixed costs do not. Measured with benchmarks/speed.py on a 2-core CPU
-# (BP backward / Auto's parallel pick, medians): GRU H = 20, B = 16: 0.40x at T = 100, 0.84x
-# at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN H = 20, B = 16 1.7x at T = 100;
-# at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x; three processes each, single input:
-# GRU B = 16 with blocks of 512 at T = 2000 1.03-1.41x (BP kept below CPU_LONG), at T = 3000
-# 1.47-1.98x; RNN at T = 2500 B = 64 (blocks of 512) 1.77-1.91x, B = 128 (256) 0.98-1.15x. The
-# LSTM's dense (40 x 40) Jacobians: 0.5x at B = 1. With CPU_INPUTS floats or more of xs per
-# step (features rather than the benchmark's single bit), BP's loop carries the input weights'
-# cotangents too, and structured
-# Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to CPU_INPUTS_STATE[0] carry floats
-# per step over the batch, from twice as many steps up to CPU_INPUTS_STATE[1]. Measured (GRU
-# H = 20, backward medians, 2-core CPU; three runs of the IRMAS breakdown, S / M / L =
-# T 259 / 517 / 1034 with F = 38 / 24 / 12): B = 16 1.46-1.79x / 1.46-1.91x / 1.45-2.10x,
-# B = 32 1.49-1.61x / 1.63-1.68x / 1.33-1.78x, B = 64 0.94-1.44x / 1.45-1.60x / 2.07-2.40x;
-# T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1 0.75-1.4x); T = 300, B = 32: F = 2
-# 1.14x, F = 8 1.41x; F = 8 at T = 100, B = 16 1.01x and at T = 300, B = 128 0.95x.
+# summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays in
+# cache while amortizing a block's fixed costs (its ~25 kernels cost about 5 us each at small
+# batches). Measured at T = 10k, H = 20 (benchmarks/speed.py's problem, backward medians of 7
+# interleaved rounds, three processes each, 2-core CPU): the GRU at B = 1 2.85-3.76 ms with blocks
+# of 8192 against 3.76-4.06 ms with 1024, at B = 16 31.1-32.7 ms with 512 against 36.5-39.5 ms with
+# 256; the RNN at B = 1 and B = 16 within the spread either way (8192 vs 1024: 1.83-2.29 vs
+# 1.83-1.95 ms; 2048 vs 1024: 13.2-18.3 vs 12.8-20.8 ms). Back-propagation itself is faster for
+# large batches: above CPU_PARALLEL_WORK; from CPU_LONG steps on, structured Jacobians (fewer floats
+# than n^2 per step) stay parallel up to CPU_PARALLEL_STATE carry floats per step (batch x n)
+# instead, because the saving grows with T while a block's fixed costs do not. Measured with
+# benchmarks/speed.py on a 2-core CPU (BP backward / Auto's parallel pick, medians): GRU H = 20,
+# B = 16: 0.40x at T = 100, 0.84x at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN
+# H = 20, B = 16 1.7x at T = 100; at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x; three
+# processes each, single input: GRU B = 16 with blocks of 512 at T = 2000 1.03-1.41x (BP kept below
+# CPU_LONG), at T = 3000 1.47-1.98x; RNN at T = 2500 B = 64 (blocks of 512) 1.77-1.91x, B = 128
+# (256) 0.98-1.15x. The LSTM's dense (40 x 40) Jacobians: 0.5x at B = 1. With CPU_INPUTS floats or
+# more of xs per step (features rather than the benchmark's single bit), BP's loop carries the input
+# weights' cotangents too, and structured Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to
+# CPU_INPUTS_STATE[0] carry floats per step over the batch, from twice as many steps up to
+# CPU_INPUTS_STATE[1]. Measured (GRU H = 20, backward medians, 2-core CPU; three runs of the IRMAS
+# breakdown, S / M / L = T 259 / 517 / 1034 with F = 38 / 24 / 12): B = 16
+# 1.46-1.79x / 1.46-1.91x / 1.45-2.10x, B = 32 1.49-1.61x / 1.63-1.68x / 1.33-1.78x, B = 64
+# 0.94-1.44x / 1.45-1.60x / 2.07-2.40x; T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1
+# 0.75-1.4x); T = 300, B = 32: F = 2 1.14x, F = 8 1.41x; F = 8 at T = 100, B = 16 1.01x and at
+# T = 300, B = 128 0.95x.
 CPU_BLOCK_WORK = 2**20
 CPU_BLOCK_STEPS = (64, 8192)
 CPU_PARALLEL_WORK = 1024
