@@ -38,12 +38,33 @@ def steps_with_jacobians(
             jac_t = Dense(jax.jacrev(carry_map)(layout.pack(carry)).T)
         return (new_carry, y), jac_t
 
-    def stacked(fn):  # fn over a leading axis of the carries and xs, consts shared
-        def over(consts, carries, xs):
-            example = jax.eval_shape(fn, consts, *jax.tree.map(unstacked, (carries, xs)))
-            out_axes = ((0, 0), None if example[1] is None else example[1].stack_axes())
-            return jax.vmap(fn, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries, xs)
+    def over_steps(consts, carries, xs):  # one leading axis of steps, consts shared
+        out_axes = _out_axes(one, consts, carries, xs)
+        return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries, xs)
 
-        return over
+    def over_steps_and_examples(consts, carries, xs):
+        # (T, B, ...) as one axis of T * B steps: the VJP's products for the consts then
+        # contract over one axis (over two, XLA copies a transposed operand first on CPUs).
+        lead = jax.tree.leaves((carries, xs))[0].shape[:2]
+        merged = jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), (carries, xs))
 
-    return stacked(stacked(one) if batched else one)
+        def split(axis, outputs):  # an out_axes entry and the outputs it stacked
+            if axis is None:
+                return outputs
+            return jax.tree.map(lambda a: a.reshape(*lead, *a.shape[1:]), outputs)
+
+        axes = _out_axes(one, consts, *merged)
+        return jax.tree.map(split, axes, over_steps(consts, *merged), is_leaf=_is_none)
+
+    return over_steps_and_examples if batched else over_steps
+
+
+def _out_axes(fn, consts, carries, xs):
+    """``out_axes`` of ``fn`` vmapped over the steps: every output stacked, and the Jacobian's
+    per-step fields (its shared ones not)."""
+    example = jax.eval_shape(fn, consts, *jax.tree.map(unstacked, (carries, xs)))
+    return ((0, 0), None if example[1] is None else example[1].stack_axes())
+
+
+def _is_none(x) -> bool:
+    return x is None
