@@ -10,6 +10,14 @@
   ``steps x chain_step + flops / gemm_rate``. Memory traffic is left out (blocks keep it in
   cache), so it is a lower bound: what the method's algorithm would take if its only costs
   were its dependent steps and its arithmetic at the best rate measured here.
+* The **parts**: the other work every backward that evaluates the steps in parallel does, one
+  VJP of all the steps w.r.t. the parameters (the steps evaluated again and their products
+  with the carries' cotangents, summed over steps and examples), written with JAX alone over
+  blocks of the steps ``Auto()`` would use, and timed in the same rounds. The chain plus the
+  parts is what such a backward takes if nothing else (its Jacobians, its bookkeeping) cost
+  anything and its parts cost what they cost alone; BP's backward over that sum is the speedup
+  it then reaches. It is a measurement, not a bound: in one compiled backward the parts may
+  run faster than alone (XLA fuses them with their neighbours).
 * The **HLO count** of a compiled backward: :func:`benchmarks.hlo_cost.count` of the compiled
   gradient minus that of the compiled forward (kernels in sequence, flops, bytes), which
   :mod:`benchmarks.fit_profile` turns into a fitted profile of this machine.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from benchmarks import hlo_cost
 from bppsa._core import cost
@@ -45,6 +54,41 @@ def chain(cell: str, length: int, batch: int, hidden: int):
         return sequential(g, Structured(u=u, d=d, e=e, reps=reps), None)
 
     args = (u, d, e, g)
+    return jax.jit(run).lower(*args).compile(), args
+
+
+def parts(cell, length: int, batch: int, hidden: int, block: int):
+    """``(fn, args)``: the compiled VJP of ``cell``'s steps w.r.t. its parameters (inputs of
+    one float, as in the benchmark), all ``batch x block`` steps of a block at once, the
+    parameters' cotangents summed over ``length // block`` blocks and a shorter first one."""
+    keys = jax.random.split(jax.random.key(2), 4)
+    params = cell.init(1, hidden, key=keys[0])
+    carries = jax.random.normal(keys[1], (length, batch, hidden))
+    xs = jax.random.normal(keys[2], (length, batch, 1))
+    cts = jax.random.normal(keys[3], (length, batch, hidden))
+    block = max(min(block, length), 1)
+
+    def span_vjp(params, carries, xs, cts):  # the span's steps and examples as one axis
+        flat = [a.reshape(-1, a.shape[-1]) for a in (carries, xs, cts)]
+        steps = jax.vmap(cell, in_axes=(None, 0, 0))
+        _, vjp = jax.vjp(lambda p: steps(p, *flat[:2]), params)
+        return vjp(flat[2])[0]
+
+    def run(params, carries, xs, cts):
+        head, blocks = length % block, length // block
+
+        def one_block(total, k):
+            pieces = (lax.dynamic_slice_in_dim(a, head + k * block, block) for a in arrays)
+            return jax.tree.map(jnp.add, total, span_vjp(params, *pieces)), None
+
+        arrays = (carries, xs, cts)
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        total, _ = lax.scan(one_block, zeros, jnp.arange(blocks))
+        if head:
+            total = jax.tree.map(jnp.add, total, span_vjp(params, *(a[:head] for a in arrays)))
+        return total
+
+    args = (params, carries, xs, cts)
     return jax.jit(run).lower(*args).compile(), args
 
 

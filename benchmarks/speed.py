@@ -15,7 +15,12 @@ the scan's modelled work and achieved GFLOP/s next to a large matrix product's G
 in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's
 peak temporary memory of each compiled gradient, and the minor page faults per call (glibc
 maps the temporary buffers of some calls anew, depending on the process's allocation history;
-its ``MALLOC_*`` environment variables change that, and the times with it).
+its ``MALLOC_*`` environment variables change that, and the times with it). For the cells
+with structured Jacobians, the two parts of a parallel backward are timed alone in the same
+rounds (:mod:`benchmarks._speed_model`): the chain (the sequential scan of ``T`` dependent steps)
+and the steps' VJP w.r.t. the parameters over ``Auto()``'s blocks; against their sum, a
+method's backward shows what it adds to its parts, and BP's backward over the sum is the
+speedup such a backward reaches when its parts cost what they cost alone.
 
 Each function is compiled once per configuration, ahead of time (names whose method runs the
 same backward share one compilation). A method whose memory estimate exceeds the device's memory
@@ -73,6 +78,7 @@ from results_io import methods as method_names
 CELLS = {"rnn": RNN(), "gru": GRU()}
 BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured
 CHAIN = "chain"  # the sequential scan over the cell's Jacobians (see benchmarks._speed_model)
+PARTS = "parts"  # the steps' VJP w.r.t. the parameters, over blocks (see benchmarks._speed_model)
 
 
 def problem(cell, length, batch, hidden, seed=0):
@@ -187,6 +193,12 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
         bp_hlo_backward=None,
         chain_ms=None,
         chain_min_ms=None,
+        parts_ms=None,
+        parts_min_ms=None,
+        parts_block=None,
+        parts_sum_ms=None,
+        parts_sum_min_ms=None,
+        bp_over_parts=None,
         bp_peak_bytes=None,
         bp_page_faults=None,
         compile_s={},
@@ -231,8 +243,14 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
 
     fns = {"forward": compile_(batched, "forward"), BP: compile_(jax.grad(batched), BP)}
     chain = _speed_model.chain(config.cell, config.length, config.batch, config.hidden)
+    fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
     if chain is not None:  # the sequential part no T-step method avoids: the floors' step time
         fns[CHAIN], args_of[CHAIN] = chain
+        parallel = bppsa.Auto().for_footprint(fp, parallel=True)
+        row["parts_block"] = getattr(parallel, "block", config.length)
+        fns[PARTS], args_of[PARTS] = _speed_model.parts(
+            cell, config.length, config.batch, config.hidden, row["parts_block"]
+        )
     by_runs, runs_of = {}, {}  # compilations by the method that runs; what each name runs
     for name, method in methods.items():
         entry = row["methods"][name]
@@ -259,7 +277,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
         try:
             jax.block_until_ready(fns[name](*args_of.get(name, args)))
         except Exception as error:
-            if name in ("forward", BP, CHAIN):
+            if name in ("forward", BP, CHAIN, PARTS):
                 raise
             row["methods"][name].update(status="error", error=describe(error))
             del fns[name]
@@ -289,11 +307,14 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
     row["bp_backward_min_ms"] = 1e3 * (bp_min - forward_min)
     row["bp_peak_bytes"] = peak_bytes(fns[BP])
     row["bp_page_faults"] = statistics.median(faults[BP])
-    fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
     step_s = None
     if CHAIN in times:
-        row["chain_ms"] = 1e3 * statistics.median(times[CHAIN])
-        row["chain_min_ms"] = 1e3 * min(times[CHAIN])
+        for name in (CHAIN, PARTS):
+            row[f"{name}_ms"] = 1e3 * statistics.median(times[name])
+            row[f"{name}_min_ms"] = 1e3 * min(times[name])
+        row["parts_sum_ms"] = row["chain_ms"] + row["parts_ms"]
+        row["parts_sum_min_ms"] = row["chain_min_ms"] + row["parts_min_ms"]
+        row["bp_over_parts"] = row["bp_backward_ms"] / row["parts_sum_ms"]
         step_s = statistics.median(times[CHAIN]) / max(config.length, 1)
     gemm = None if gemm_gflops is None else 1e9 * gemm_gflops
 
@@ -343,6 +364,11 @@ def print_row(row):
         f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} "
         f"({row['bp_backward_min_ms']:.2f}) ms{_floor(row['bp_floor_ms'])}"
     )
+    if row["parts_sum_ms"] is not None:
+        head += (
+            f" chain {row['chain_ms']:.2f} + parts {row['parts_ms']:.2f} ="
+            f" {row['parts_sum_ms']:.2f} ms (BP over it x{row['bp_over_parts']:.2f})"
+        )
     parts = []
     for name, m in row["methods"].items():
         if m["status"] != "ok":

@@ -29,6 +29,10 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
         assert method["hlo_backward"]["steps"] > 0 and method["hlo_backward"]["flops"] > 0
         assert method["page_faults"] >= 0  # minor faults per call (a median)
     assert 0 < row["chain_min_ms"] <= row["chain_ms"] and row["bp_floor_ms"] > 0
+    # The parts timed alone: the chain and the steps' VJP over Auto()'s blocks, and their sum.
+    assert 0 < row["parts_min_ms"] <= row["parts_ms"] and row["parts_block"] == 8192
+    assert row["parts_sum_ms"] == pytest.approx(row["chain_ms"] + row["parts_ms"])
+    assert row["bp_over_parts"] == pytest.approx(row["bp_backward_ms"] / row["parts_sum_ms"])
     assert row["bp_hlo_backward"]["unknown_loops"] == 0
     assert row["bp_page_faults"] >= 0
     assert payload["complete"] and payload["h_sweep"] == []
@@ -88,3 +92,20 @@ def test_unknown_methods_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
         speed.main(["--methods", "no-such-method"])
     assert "no-such-method" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cell", ["rnn", "gru"])
+@pytest.mark.parametrize("block", [3, 7, 20])
+def test_the_parts_are_the_steps_vjp_over_blocks(cell, block):
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import _speed_model
+
+    fn, (params, carries, xs, cts) = _speed_model.parts(speed.CELLS[cell], 7, 2, 3, block)
+    steps = jax.vmap(jax.vmap(speed.CELLS[cell], in_axes=(None, 0, 0)), in_axes=(None, 0, 0))
+    expected = jax.grad(lambda p: jnp.sum(cts * steps(p, carries, xs)))(params)
+    got = fn(params, carries, xs, cts)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-5)
