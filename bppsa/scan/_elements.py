@@ -34,6 +34,8 @@ from bppsa.scan._pattern import expand_values
 SMALL_ROWS, SMALL_SIZE = 8, 64
 # and a sequential scan over them unrolls SMALL_UNROLL steps for at most SMALL_UNROLL_ROWS rows.
 SMALL_UNROLL, SMALL_UNROLL_ROWS = 4, 4
+# Structured.apply folds the diagonal term into the matrix product for this many rows (see there).
+FOLDED_DIAGONAL_ROWS = (2, 16)
 
 
 class MapStack(abc.ABC):
@@ -234,6 +236,13 @@ class Structured(MapStack):
             # multiply-and-sum beats a matrix-product call (0.7 vs 1.3 ms for 10k steps of
             # n = 20 at B = 1 on a 2-core CPU; the product wins from B = 16 on).
             out = (scaled[..., :, None] * self.u.T).sum(-2)
+        elif self._folds_diagonal(v.shape):
+            # [d * tile(v), e * v] @ [u^T; I]: the diagonal term inside the product, one kernel
+            # less per step. 10k steps of the GRU's n = 20 on a 2-core CPU, folded / apart:
+            # 5.6 / 8.5 ms at B = 2, 7.4 / 10.7 at B = 4, 16.9 / 19.1 at B = 16, even at
+            # B = 32; at B = 1 apart wins (1.7 / 3.5 ms: XLA makes that product a fused loop).
+            folded = jnp.concatenate([scaled, self.e * v], axis=-1)
+            return folded @ jnp.concatenate([self.u.T, jnp.eye(n, dtype=self.u.dtype)])
         else:
             out = scaled @ self.u.T
         if self.e is not None:
@@ -242,6 +251,10 @@ class Structured(MapStack):
 
     def _small(self, shape) -> bool:
         return self.reps == 1 and self.size <= SMALL_SIZE and math.prod(shape[:-1]) <= SMALL_ROWS
+
+    def _folds_diagonal(self, shape) -> bool:
+        low, high = FOLDED_DIAGONAL_ROWS
+        return self.e is not None and low <= math.prod(shape[:-1]) <= high
 
     def sequential_unroll(self, shape) -> int:
         # The fused steps of one to four small rows are short enough that the loop's own

@@ -30,6 +30,24 @@ def test_structured_dense_form_matches_matvec(reps, diagonal, x64):
     np.testing.assert_allclose(dense.apply(v), s.apply(v), rtol=1e-12)
 
 
+@pytest.mark.parametrize("rows,folded", [(1, False), (2, True), (16, True), (17, False)])
+def test_structured_diagonal_folded_into_the_product_or_apart(rows, folded, x64):
+    # A scan step applies one map to a batch of rows: from 2 to 16 rows the diagonal term
+    # joins the product ([d * tile(v), e * v] @ [u^T; I]), else it is added after it.
+    rng = np.random.default_rng(2)
+    n, reps = 5, 3
+    s = Structured(
+        u=jnp.asarray(rng.normal(size=(n, reps * n))),
+        d=jnp.asarray(rng.normal(size=(rows, reps * n))),
+        e=jnp.asarray(rng.normal(size=(rows, n))),
+        reps=reps,
+    )
+    v = jnp.asarray(rng.normal(size=(rows, n)))
+    assert s._folds_diagonal(v.shape) == folded
+    expected = jnp.einsum("rij,rj->ri", s.to_dense().a, v)
+    np.testing.assert_allclose(s.apply(v), expected, rtol=1e-12)
+
+
 def test_slicing_flipping_and_products(x64):
     rng = np.random.default_rng(1)
     a = jnp.asarray(rng.normal(size=(5, 3, 3)))
