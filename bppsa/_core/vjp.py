@@ -18,6 +18,7 @@ returns the carries), so an outer derivative goes through the same rule again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 import jax
@@ -99,6 +100,12 @@ class _Setup:
     check_finite: bool
     plan: ScanPlan | None
 
+    @functools.cached_property
+    def fitted(self) -> Method:
+        """The concrete method for this scan (``requested.fit``), chosen once per scan: the
+        whole-batch backward and the one-by-one path it may hand over to share it."""
+        return self.requested.fit(self.problem.footprint, self.memory_limit)
+
     def tangents(self, res, lin):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
         recurrence, solved in time order by the method's linear scan (float leaves only)."""
@@ -111,7 +118,7 @@ class _Setup:
         _, f_jvp, jac_t = jax.linearize(problem.all_steps(), consts, before, xs, has_aux=True)
         dbefore = jax.tree.map(zero_cotangent, before)
         if problem.differentiable_carry:
-            method = self.requested.fit(problem.footprint, self.memory_limit)
+            method = self.fitted
             inputs_dot, _ = f_jvp(dconsts, dbefore, dxs)
             h = method.forward_scan(  # [dh_0, ..., dh_T]
                 layout.pack(dinit), jac_t, layout.pack(inputs_dot, stacked=True)
@@ -126,7 +133,7 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
         (``None`` where none arrives): the method's backward."""
-        method = self.requested.fit(self.problem.footprint, self.memory_limit)
+        method = self.fitted
         return self._backward(self.problem, method, res, cts)
 
     def batched_cotangents(self, res, res_axes, cts, lin_axes):
@@ -141,7 +148,7 @@ class _Setup:
         const_lin_axes, init_lin_axes, xs_lin_axes = lin_axes
         if self.check_finite or _any_batched(const_axes) or _any_batched(const_lin_axes):
             return None
-        method = self.requested.fit(self.problem.footprint, self.memory_limit)
+        method = self.fitted
         if not method.batches:
             return None
         size = _batch_size(res, res_axes, cts)
