@@ -94,7 +94,8 @@ def parts(cell, length: int, batch: int, hidden: int, block: int):
 
 def footprint(cell: str, length: int, batch: int, hidden: int) -> Footprint:
     """The footprint ``Auto()`` weighs for the benchmark's scan of ``cell``."""
-    element = {"rnn": hidden, "gru": 4 * hidden}[cell]
+    reps, diagonal = CHAIN_FORMS[cell]  # the floats of one step's stored Jacobian: d and e
+    element = (reps + diagonal) * hidden
     return cost.footprint_of(length, hidden, batch, element)
 
 
