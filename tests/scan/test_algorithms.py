@@ -65,12 +65,13 @@ def check_dense(algorithm, length, batch, dtype):
 @pytest.mark.parametrize("algorithm", ALGORITHMS, ids=algorithm_name)
 @pytest.mark.parametrize("length", [1, 5, 17])
 @pytest.mark.parametrize("reps,diagonal", [(1, False), (3, True)])
-def test_structured_matches_python_loop(algorithm, length, reps, diagonal, x64):
+@pytest.mark.parametrize("rows", [1, 2])  # one row: unrolled scan steps; two: a folded diagonal
+def test_structured_matches_python_loop(algorithm, length, reps, diagonal, rows, x64):
     rng = np.random.default_rng(1)
     n = 5
     u = rng.normal(size=(n, reps * n)) / np.sqrt(n)
-    d = rng.normal(size=(length, 2, reps * n))
-    e = rng.normal(size=(length, 2, n)) if diagonal else None
+    d = rng.normal(size=(length, rows, reps * n))
+    e = rng.normal(size=(length, rows, n)) if diagonal else None
     elements = Structured(
         u=jnp.asarray(u), d=jnp.asarray(d), e=None if e is None else jnp.asarray(e), reps=reps
     )
@@ -79,7 +80,7 @@ def test_structured_matches_python_loop(algorithm, length, reps, diagonal, x64):
     a = np.einsum("ip,tbp,pj->tbij", u, d, tile)
     if e is not None:
         a = a + np.einsum("tbi,ij->tbij", e, np.eye(n))
-    g, b = rng.normal(size=(2, n)), rng.normal(size=(length, 2, n))
+    g, b = rng.normal(size=(rows, n)), rng.normal(size=(length, rows, n))
     out = algorithm(jnp.asarray(g), elements, jnp.asarray(b))
     assert_trees_close(out, python_loop(g, a, b), jnp.float64)
 

@@ -138,13 +138,13 @@ def test_concat_keeps_a_shared_structure_and_counts_floats(x64):
 
 
 def test_sequential_scans_unroll_only_the_short_fused_steps():
-    """One to four small rows of a single-block structured map unroll (the loop's overhead
-    shows beside their fused step); batched rows, tiled maps and dense maps do not. That the
-    unrolled scan is right is test_algorithms' test_structured_matches_python_loop (rows of 2,
-    lengths 1, 5 and 17)."""
+    """One to four small rows of a single-block structured map unroll 4 steps (the loop's
+    overhead shows beside their fused step), one row of a tiled map 2; batched rows and dense
+    maps do not. That the unrolled scans are right is test_algorithms'
+    test_structured_matches_python_loop (rows of 1 and 2, lengths 1, 5 and 17)."""
     rnn = Structured(u=jnp.ones((20, 20)), d=jnp.ones((7, 20)))
     gru = Structured(u=jnp.ones((20, 60)), d=jnp.ones((7, 60)), e=jnp.ones((7, 20)), reps=3)
     assert [rnn.sequential_unroll((b, 20)) for b in (1, 4, 5, 16)] == [4, 4, 1, 1]
     assert rnn.sequential_unroll((20,)) == 4
-    assert gru.sequential_unroll((1, 20)) == 1
+    assert [gru.sequential_unroll(shape) for shape in ((20,), (1, 20), (2, 20))] == [2, 2, 1]
     assert Dense(jnp.ones((7, 20, 20))).sequential_unroll((1, 20)) == 1
