@@ -39,8 +39,7 @@ def steps_with_jacobians(
         return (new_carry, y), jac_t
 
     def over_steps(consts, carries, xs):  # one leading axis of steps, consts shared
-        out_axes = _out_axes(one, consts, carries, xs)
-        return jax.vmap(one, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries, xs)
+        return _stacked(one, consts, carries, xs)[0]
 
     def over_steps_and_examples(consts, carries, xs):
         # (T, B, ...) as one axis of T * B steps: the VJP's products for the consts then
@@ -53,17 +52,19 @@ def steps_with_jacobians(
                 return outputs
             return jax.tree.map(lambda a: a.reshape(*lead, *a.shape[1:]), outputs)
 
-        axes = _out_axes(one, consts, *merged)
-        return jax.tree.map(split, axes, over_steps(consts, *merged), is_leaf=_is_none)
+        outputs, axes = _stacked(one, consts, *merged)
+        return jax.tree.map(split, axes, outputs, is_leaf=_is_none)
 
     return over_steps_and_examples if batched else over_steps
 
 
-def _out_axes(fn, consts, carries, xs):
-    """``out_axes`` of ``fn`` vmapped over the steps: every output stacked, and the Jacobian's
-    per-step fields (its shared ones not)."""
+def _stacked(fn, consts, carries, xs):
+    """``(outputs, out_axes)``: ``fn`` vmapped over the leading axis of the carries and xs
+    (consts shared), and the ``out_axes`` it was vmapped with: every output stacked, and the
+    Jacobian's per-step fields (its shared ones not)."""
     example = jax.eval_shape(fn, consts, *jax.tree.map(unstacked, (carries, xs)))
-    return ((0, 0), None if example[1] is None else example[1].stack_axes())
+    out_axes = ((0, 0), None if example[1] is None else example[1].stack_axes())
+    return jax.vmap(fn, in_axes=(None, 0, 0), out_axes=out_axes)(consts, carries, xs), out_axes
 
 
 def _is_none(x) -> bool:
