@@ -265,8 +265,8 @@ class Structured(MapStack):
         rows = math.prod(shape[:-1])
         if self._small(shape) and rows <= SMALL_UNROLL_ROWS:
             return SMALL_UNROLL
-        # One row of the GRU's tiled map (n = 20, reps = 3): 10k steps in 1.53-1.59 instead of
-        # 1.78 ms unrolled twice (4 times: 2.6 ms); from two rows on it does not pay.
+        # One row of the GRU's tiled map (n = 20, reps = 3): 10k steps in 1.50-1.65 instead of
+        # 1.76-1.78 ms unrolled twice (4 times: 2.6 ms); from two rows on it does not pay.
         return TILED_ONE_ROW_UNROLL if self.reps > 1 and rows == 1 else 1
 
     def apply_to_rows(self, y: Array) -> Array:
