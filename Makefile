@@ -35,9 +35,12 @@ test: $(STAMP)
 docs: $(DOCS_STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
+# ruff, and the import contract of pyproject.toml (one-way arrows between the subpackages, no
+# cycles inside them; tests/test_imports.py runs it too).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from benchmarks import hlo_cost
-from bppsa._core import cost
-from bppsa._core.memory import Footprint
 from bppsa.scan import Structured, sequential
+from bppsa.scan._core import cost
+from bppsa.scan._core.memory import Footprint
 
 # Transposed-Jacobian factors of the structured cells: (reps of W_hh^T, a diagonal term).
 CHAIN_FORMS = {"rnn": (1, False), "gru": (3, True)}

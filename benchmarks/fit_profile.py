@@ -2,7 +2,7 @@
 
 Reads the JSON files of ``benchmarks.speed`` (every row keeps the HLO count of each compiled
 backward: kernels in sequence, flops, bytes; see :mod:`benchmarks._speed_model`), fits the
-:class:`bppsa._core.cost.Profile` (step latency, FLOP rate, bandwidth) that best predicts the
+:class:`bppsa.scan._core.cost.Profile` (step latency, FLOP rate, bandwidth) that best predicts the
 measured median backward times (:func:`benchmarks.hlo_cost.fit_profile`, least squares in log
 time), and prints measured / predicted for every (row, method), with the spread.
 
@@ -18,7 +18,7 @@ import statistics
 
 from benchmarks import hlo_cost
 from benchmarks._speed_cli import SWEEPS
-from bppsa._core.cost import Cost
+from bppsa.scan._core.cost import Cost
 from results_io import read_json, write_json
 
 

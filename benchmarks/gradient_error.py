@@ -27,7 +27,7 @@ METHODS = {
     names.AUTO: bppsa.Auto(),
     names.BLELLOCH: bppsa.Blelloch(),
     names.CHUNKED: bppsa.Chunked(),
-    names.SEQUENTIAL_JACOBIANS: bppsa.Sequential(jacobians=True),
+    names.SEQUENTIAL_JACOBIANS: bppsa.SequentialScan(),
     names.SEQUENTIAL: bppsa.Sequential(),
 }
 OUT = pathlib.Path("results/gradient_error.json")

@@ -2,9 +2,9 @@
 
 ``count(jax.jit(f).lower(*args).compile())`` walks the module from its ENTRY computation and
 tallies the kernels it runs one after another (``steps``), their floating-point operations and
-the bytes they move in device memory: the terms of :class:`bppsa._core.cost.Cost`, measured on
+the bytes they move in device memory: the terms of :class:`bppsa.scan._core.cost.Cost`, measured on
 the program XLA actually runs instead of derived by hand. :func:`fit_profile` then finds the
-:class:`~bppsa._core.cost.Profile` under which such counts best predict measured times.
+:class:`~bppsa.scan._core.cost.Profile` under which such counts best predict measured times.
 
 Rules: a ``fusion``, ``dot``, ``custom-call`` or any other op outside a fusion is one kernel that
 reads its operands and writes its result (a ``dynamic-update-slice`` moves twice its update, in
@@ -35,7 +35,7 @@ from typing import Protocol
 
 import numpy as np
 
-from bppsa._core.cost import Cost, Profile
+from bppsa.scan._core.cost import Cost, Profile
 
 # An assumption: a transcendental is evaluated as a short polynomial, a few FMAs on every device
 # (XLA's own cost analysis counts them apart from flops).
@@ -96,7 +96,7 @@ class HloCount:
     unknown_loops: int = 0
 
     def cost(self) -> Cost:
-        """These counts as a :class:`~bppsa._core.cost.Cost`."""
+        """These counts as a :class:`~bppsa.scan._core.cost.Cost`."""
         return Cost(self.steps, self.flops, self.bytes)
 
 

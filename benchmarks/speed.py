@@ -70,9 +70,9 @@ from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's 
     write_atomically,
 )
 from benchmarks._speed_cli import parse_args as _parse_args
-from bppsa._core import cost
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
+from bppsa.scan._core import cost
 from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}

@@ -3,7 +3,8 @@
 Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass; also the
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
-:class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential` and :class:`Sharded`
+:class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential`,
+:class:`SequentialScan` and :class:`Sharded`
 (subclasses of :class:`Method`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
 and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
 :class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided) and
@@ -11,14 +12,23 @@ and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
 """
 
 from bppsa import jacobians, models, scan
-from bppsa._core.api import estimate_memory
-from bppsa._core.auto_forward import AutoForward
-from bppsa._core.grad import grad, value_and_grad
-from bppsa._core.memory import MemoryLimitError
-from bppsa._core.methods import Auto, Blelloch, Blocked, Chunked, Method, Sequential, Sharded
-from bppsa._core.newton import Newton, NewtonInfo
-from bppsa._core.plans import ScanPlan, trace_plans
 from bppsa.jacobians import AnalyticJacobianWarning
+from bppsa.scan._core.api import estimate_memory
+from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.grad import grad, value_and_grad
+from bppsa.scan._core.memory import MemoryLimitError
+from bppsa.scan._core.methods import (
+    Auto,
+    Blelloch,
+    Blocked,
+    Chunked,
+    Method,
+    Sequential,
+    SequentialScan,
+    Sharded,
+)
+from bppsa.scan._core.newton import Newton, NewtonInfo
+from bppsa.scan._core.plans import ScanPlan, trace_plans
 
 __version__ = "0.1.0"
 
@@ -35,6 +45,7 @@ __all__ = [
     "NewtonInfo",
     "ScanPlan",
     "Sequential",
+    "SequentialScan",
     "Sharded",
     "estimate_memory",
     "grad",

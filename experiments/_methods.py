@@ -60,7 +60,7 @@ def build(name: method_names.Name) -> bppsa.Method:
     if name.form in (method_names.BPPSA, method_names.AUTO):
         return bppsa.Auto()
     if name.form == method_names.SEQUENTIAL_JACOBIANS:
-        return bppsa.Sequential(jacobians=True)
+        return bppsa.SequentialScan()
     if name.form in (method_names.BLELLOCH, method_names.BLELLOCH_LEVELS):
         return bppsa.Blelloch(levels=name.levels)
     if name.form in (

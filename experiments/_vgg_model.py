@@ -34,7 +34,7 @@ def parse_method(name: str) -> bppsa.Method:
     """The method object of a name of :data:`experiments._methods.OVER_LAYERS`: ``bp``
     (``Sequential()``: JAX's dense backward), ``bppsa`` (``Auto()``), ``blelloch`` (the full
     modified Blelloch scan over the layers), ``blelloch-K`` (``Blelloch(levels=K)``: K parallel
-    levels, a linear scan between) and ``sequential-jacobians`` (``Sequential(jacobians=True)``:
+    levels, a linear scan between) and ``sequential-jacobians`` (``SequentialScan()``:
     the sequential sparse chain).
 
     Raises:

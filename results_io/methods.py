@@ -15,7 +15,7 @@ name                        method (:mod:`experiments._methods` builds the objec
 ``chunked-C``               ``bppsa.Chunked(C)``
 ``chunked-C-bK``            ``bppsa.Blocked(bppsa.Chunked(C), K)``
 ``sequential``              ``bppsa.Sequential()`` through ``bppsa.grad``
-``sequential-jacobians``    ``bppsa.Sequential(jacobians=True)``: a sequential scan over the
+``sequential-jacobians``    ``bppsa.SequentialScan()``: a sequential scan over the
                             transposed Jacobians (over a pruned network's layers: the sparse
                             chain)
 ==========================  ===================================================================

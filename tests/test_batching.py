@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa._core.tracing import vmapped_batch_size
 from bppsa.models import GRU, RNN, gru_cell, rnn_cell
+from bppsa.scan._core.tracing import vmapped_batch_size
 from tests.helpers import assert_trees_close
 
 

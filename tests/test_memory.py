@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa._core import memory as _memory
-from bppsa._core.methods.fallbacks import FALLBACKS
 from bppsa.models import GRU, LSTM, RNN
+from bppsa.scan._core import memory as _memory
+from bppsa.scan._core.methods.fallbacks import FALLBACKS
 from tests.helpers import assert_trees_close
 
 H, B, T = 8, 4, 300
@@ -109,13 +109,13 @@ def test_explicit_method_over_the_limit_raises_with_estimate_limit_and_alternati
     err = info.value
     assert err.estimate == needs and err.limit == limit
     assert err.alternatives and all(b <= limit for _, b in err.alternatives)
-    assert bppsa.Blocked(bppsa.Sequential(jacobians=True), 64) in [m for m, _ in err.alternatives]
+    assert bppsa.Blocked(bppsa.SequentialScan(), 64) in [m for m, _ in err.alternatives]
     message = str(err)
     for text in (
         "Blelloch()",
         _memory.human(needs),
         _memory.human(limit),
-        "Blocked(method=Sequential(jacobians=True)",
+        "Blocked(method=SequentialScan()",
     ):
         assert text in message, (text, message)
     assert f"{B} vmapped examples" in message and f"T={T}" in message
@@ -165,9 +165,9 @@ def test_automatic_method_raises_when_nothing_fits():
 def test_fit_prefers_the_largest_fallback_that_fits():
     fp = _memory.Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
     estimates = {m: m.memory(fp) for m in FALLBACKS}
-    chosen = bppsa.Blocked(bppsa.Sequential(jacobians=True), 2048)
-    fallback = bppsa.Blocked(bppsa.Sequential(jacobians=True), 1024)
-    smaller = bppsa.Blocked(bppsa.Sequential(jacobians=True), 256)
+    chosen = bppsa.Blocked(bppsa.SequentialScan(), 2048)
+    fallback = bppsa.Blocked(bppsa.SequentialScan(), 1024)
+    smaller = bppsa.Blocked(bppsa.SequentialScan(), 256)
     limit = limit_between(estimates[smaller], estimates[fallback])
     assert bppsa.Auto().fit(fp, limit, backend="cpu") == smaller
     assert bppsa.Auto().fit(fp, math.inf, backend="cpu") == chosen

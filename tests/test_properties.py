@@ -38,7 +38,7 @@ METHOD_LIST = [
     bppsa.Chunked(2),
     bppsa.Blocked(bppsa.Chunked(3), 4),
     bppsa.Blocked(bppsa.Chunked(1), 2),
-    bppsa.Sequential(jacobians=True),
+    bppsa.SequentialScan(),
     bppsa.Sequential(),
     "auto",
     "blelloch",

@@ -43,14 +43,14 @@ def test_all_lists_public_names_that_exist(module):
 
 
 DOCTEST_MODULES = [
-    "bppsa._core.api",
-    "bppsa._core.grad",
-    "bppsa._core.plans",
-    "bppsa._core.body",
-    "bppsa._core.methods.auto",
-    "bppsa._core.methods.sharded",
-    "bppsa._core.newton",
-    "bppsa._core.auto_forward",
+    "bppsa.scan._core.api",
+    "bppsa.scan._core.grad",
+    "bppsa.scan._core.plans",
+    "bppsa.scan._core.body",
+    "bppsa.scan._core.methods.auto",
+    "bppsa.scan._core.methods.sharded",
+    "bppsa.scan._core.newton",
+    "bppsa.scan._core.auto_forward",
     "bppsa.models._classifier",
     "bppsa.models._chain",
     "bppsa.models._pruning",

@@ -18,7 +18,7 @@ METHODS = [
     "blelloch",
     bppsa.Chunked(),
     bppsa.Chunked(4),
-    bppsa.Sequential(jacobians=True),
+    bppsa.SequentialScan(),
     "sequential",
 ]
 
@@ -77,7 +77,7 @@ def test_chunked_matches_back_propagation(cell, method, length, where, dtype):
 
 @pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
 def test_sequential_scan_of_jacobians(cell, dtype):
-    check_cell(CELLS[cell], bppsa.Sequential(jacobians=True), 17, 16, 20, dtype, "every")
+    check_cell(CELLS[cell], bppsa.SequentialScan(), 17, 16, 20, dtype, "every")
 
 
 @pytest.mark.parametrize("cell,hidden,batch", spread(list(CELLS), [(1, 1), (64, 1), (1, 16)]))

@@ -8,8 +8,6 @@ it with :func:`transposed_jacobian` and a builder that returns one step's ``J^T`
 body will use it, and :class:`AnalyticJacobianWarning` why one was not used.
 """
 
-from bppsa._core.body import has_analytic_jacobian
-from bppsa._core.capture import AnalyticJacobianWarning, transposed_jacobian
 from bppsa.jacobians._cells import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
 from bppsa.jacobians._layers import (
     conv2d_jacobian_t,
@@ -19,6 +17,8 @@ from bppsa.jacobians._layers import (
     relu_jacobian_t,
     sparsity,
 )
+from bppsa.scan._core.body import has_analytic_jacobian
+from bppsa.scan._core.capture import AnalyticJacobianWarning, transposed_jacobian
 
 __all__ = [
     "AnalyticJacobianWarning",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa._gates import gru_gates, lstm_gates, pre_activations
+from bppsa.jacobians._gates import gru_gates, lstm_gates, pre_activations
 from bppsa.scan._elements import Dense, Structured
 
 Params = dict[str, Array]

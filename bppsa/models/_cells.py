@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa._core.capture import transposed_jacobian
-from bppsa._gates import gru_gates, lstm_gates, pre_activations
 from bppsa.jacobians import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
+from bppsa.jacobians._gates import gru_gates, lstm_gates, pre_activations
+from bppsa.scan._core.capture import transposed_jacobian
 
 Params = dict[str, Array]
 

@@ -3,7 +3,7 @@
 :class:`Chain` holds the layers of :mod:`bppsa.models._layers` or a user's own callables,
 validates parameters, masks and shapes before anything is traced, and differentiates its
 :meth:`Chain.apply` with the backward method of the enclosing :func:`bppsa.grad` (see
-:mod:`bppsa._core.layer_scan`).
+:mod:`bppsa.scan._core.layer_scan`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from bppsa.models._layers import (
     Shape,
     apply_mask,
 )
+from bppsa.scan._core import layer_scan
 
 __all__ = ["Chain", "call_layer"]
 
@@ -98,6 +99,28 @@ class Chain:
             return Chain(self.layers[index])
         return self.layers[index]
 
+    # -- what the scan over the layers asks of the chain (bppsa.scan._core.layer_scan) ----------
+
+    call_layer = staticmethod(call_layer)
+
+    @staticmethod
+    def layer_jacobian_t(layer, params: Params, x: Array, mask: Mask = None):
+        """A layer's transposed Jacobian at its batched input ``x``: a :class:`Layer`'s own
+        ``jacobian_t``; a callable's builder attached with
+        :func:`bppsa.jacobians.transposed_jacobian` (called as ``builder(params, x)`` with the
+        mask applied), as a cell declares its own; else ``AUTODIFF``."""
+        if isinstance(layer, Layer):
+            return layer.jacobian_t(params, x, mask)
+        builder = getattr(layer, "transposed_jacobian", None)
+        if builder is None:
+            return layer_scan.AUTODIFF
+        return builder(apply_mask(params, mask), x)
+
+    @staticmethod
+    def dense_work(layer, output_shape: Shape) -> int | None:
+        """See :meth:`Layer.dense_work` (``None`` for a plain callable)."""
+        return layer.dense_work(output_shape) if isinstance(layer, Layer) else None
+
     def init(self, key: Array, *, dtype=jnp.float32) -> list:
         """One params dict per layer (layer ``i`` from ``jax.random.split(key, len(chain))[i]``;
         ``{}`` for layers without parameters and for plain callables)."""
@@ -131,8 +154,6 @@ class Chain:
             The output ``(B, *output_shape)``.
         """
         self.validate(params, x, masks=masks)
-        from bppsa._core import layer_scan
-
         return layer_scan.apply(self, params, x, masks)
 
     def transposed_jacobians(
@@ -148,8 +169,6 @@ class Chain:
         without running it.
         """
         self.validate(params, x, masks=masks)
-        from bppsa._core import layer_scan
-
         return layer_scan.layer_maps_at(self, params, x, masks)
 
     def estimate_memory(
@@ -160,8 +179,6 @@ class Chain:
         products the scan over the layers forms (the model of the memory guard). ``params``
         and ``x`` may be ``jax.ShapeDtypeStruct``; nothing runs."""
         self.validate(params, x, masks=masks)
-        from bppsa._core import layer_scan
-
         return layer_scan.estimate_memory(self, params, x, masks=masks, method=method)
 
     def shapes(self, input_shape: Sequence[int], params: Sequence | None = None) -> list[Shape]:

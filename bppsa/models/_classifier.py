@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import optax
 from jax import Array
 
-from bppsa._core.api import scan
 from bppsa.models._cells import RNN, Cell
+from bppsa.scan._core.api import scan
 
 
 @dataclasses.dataclass(frozen=True)

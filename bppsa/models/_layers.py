@@ -22,6 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from bppsa.jacobians._layers import (
+    conv2d_jacobian_t,
+    linear_jacobian_t,
+    maxpool2d_jacobian_t,
+    relu_jacobian_t,
+)
+
 Params = dict[str, Array]
 Mask = dict[str, Any] | None
 Shape = tuple[int, ...]
@@ -121,6 +128,12 @@ class Layer:
         """The transposed Jacobian of the layer at its batched INPUT ``x`` (None: identity)."""
         raise NotImplementedError
 
+    def dense_work(self, output_shape: Shape) -> int | None:
+        """Multiply-adds per example of the input gradient in dense back-propagation, for a
+        layer whose Jacobian pruning thins (``None`` for the others): what ``bppsa.Auto()``
+        weighs against the stored entries of its sparse transposed Jacobian."""
+        return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Conv2d(Layer):
@@ -178,8 +191,6 @@ class Conv2d(Layer):
         return y + params["bias"][:, None, None]
 
     def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
-        from bppsa.jacobians._layers import conv2d_jacobian_t
-
         return conv2d_jacobian_t(
             params["weight"],
             tuple(x.shape[-2:]),
@@ -187,6 +198,9 @@ class Conv2d(Layer):
             padding=self.padding,
             mask=(mask or {}).get("weight"),
         )
+
+    def dense_work(self, output_shape: Shape) -> int:
+        return math.prod(self.param_shapes()["weight"]) * math.prod(output_shape[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,9 +239,10 @@ class Linear(Layer):
         return x @ params["weight"].T + params["bias"]
 
     def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
-        from bppsa.jacobians._layers import linear_jacobian_t
-
         return linear_jacobian_t(params["weight"], mask=(mask or {}).get("weight"))
+
+    def dense_work(self, output_shape: Shape) -> int:
+        return math.prod(self.param_shapes()["weight"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +256,6 @@ class ReLU(Layer):
         return jax.nn.relu(x)
 
     def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
-        from bppsa.jacobians._layers import relu_jacobian_t
-
         return relu_jacobian_t(x)
 
 
@@ -275,8 +288,6 @@ class MaxPool2d(Layer):
         )
 
     def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
-        from bppsa.jacobians._layers import maxpool2d_jacobian_t
-
         return maxpool2d_jacobian_t(x, self.kernel_size, self.stride)
 
 

@@ -1,7 +1,7 @@
 """``bppsa.scan``: the function, and the subpackage of scan algorithms behind it.
 
 ``bppsa.scan(f, init, xs, ...)`` is the drop-in for ``jax.lax.scan`` (the module is callable;
-its signature and docstring are those of :func:`bppsa._core.api.scan`). The subpackage holds
+its signature and docstring are those of :func:`bppsa.scan._core.api.scan`). The subpackage holds
 what the scans are written against, which knows elements and an operator and nothing about
 recurrent cells:
 
@@ -14,7 +14,8 @@ recurrent cells:
   of maps that differ in shape (layers): :func:`chain_scan`, with :func:`chain_plan` and
   :func:`chain_memory` (every product it forms, without running it);
 * the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
-  :class:`Chunked`, :class:`Sequential`, :class:`Sharded`, :class:`Method`, and :func:`resolve`
+  :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan`, :class:`Sharded`,
+  :class:`Method`, and :func:`resolve`
   for names.
 
 So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
@@ -25,8 +26,11 @@ import inspect as _inspect
 import sys as _sys
 import types as _types
 
-from bppsa._core.api import scan as _scan
-from bppsa._core.methods import (
+from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
+from bppsa.scan._chain import ChainRow, chain_memory, chain_plan, chain_scan
+from bppsa.scan._chunked import chunked, default_chunks
+from bppsa.scan._core.api import scan as _scan
+from bppsa.scan._core.methods import (
     METHODS,
     Auto,
     Blelloch,
@@ -35,12 +39,10 @@ from bppsa._core.methods import (
     JacobianMethod,
     Method,
     Sequential,
+    SequentialScan,
     Sharded,
     resolve,
 )
-from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
-from bppsa.scan._chain import ChainRow, chain_memory, chain_plan, chain_scan
-from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._elements import Dense, Diagonal, MapStack, Structured, concat
 from bppsa.scan._sparse import Pattern, ProductPlan, Sparse, compose, product_plan
 
@@ -59,6 +61,7 @@ __all__ = [
     "Pattern",
     "ProductPlan",
     "Sequential",
+    "SequentialScan",
     "Sharded",
     "Sparse",
     "Structured",

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import hlo_cost
-from bppsa._core.cost import Cost, Profile
+from bppsa.scan._core.cost import Cost, Profile
 
 F32 = 4
 TF = hlo_cost.TRANSCENDENTAL_FLOPS
@@ -237,7 +237,7 @@ def test_the_gradient_of_a_vmapped_bppsa_scan_is_counted():
 
         return jnp.sum(jax.vmap(one)(xs))
 
-    method = bppsa.Blocked(bppsa.Sequential(jacobians=True), 16)
+    method = bppsa.Blocked(bppsa.SequentialScan(), 16)
     grad = hlo_cost.count(jax.jit(bppsa.grad(loss, method=method)).lower(params, xs).compile())
     forward = hlo_cost.count(jax.jit(loss).lower(params, xs).compile())
     assert grad.unknown_loops == 0

@@ -18,7 +18,7 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     (row,) = payload["t_sweep"]
     assert (row["cell"], row["length"], row["batch"]) == ("rnn", 5, 2)
     assert set(row["methods"]) == {"auto", "blelloch", "chunked-2"}
-    assert row["methods"]["auto"]["runs"].startswith("Blocked(method=Sequential(jacobians=True)")
+    assert row["methods"]["auto"]["runs"].startswith("Blocked(method=SequentialScan()")
     assert row["methods"]["chunked-2"]["runs"] == "Chunked(chunks=2)"
     for method in row["methods"].values():
         assert method["status"] == "ok" and method["error"] is None

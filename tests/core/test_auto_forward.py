@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-from bppsa._core.forward import SequentialForward
+from bppsa.scan._core.forward import SequentialForward
 
 
 def test_auto_forward_decisions_are_pinned():

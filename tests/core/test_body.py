@@ -22,7 +22,7 @@ PARAMS = RNN().init(3, 4, key=jax.random.key(0))
         "blelloch",
         bppsa.Chunked(3),
         bppsa.Blocked(bppsa.Chunked(2), 4),
-        bppsa.Sequential(jacobians=True),
+        bppsa.SequentialScan(),
         "sequential",
     ],
     ids=str,

@@ -1,11 +1,11 @@
-"""The cost model of the backward methods (bppsa._core.cost): counts that follow the
+"""The cost model of the backward methods (bppsa.scan._core.cost): counts that follow the
 algorithms, and a time that adds latency-bound steps to throughput-bound work."""
 
 import pytest
 
 import bppsa
-from bppsa._core import cost
-from bppsa._core.memory import Footprint
+from bppsa.scan._core import cost
+from bppsa.scan._core.memory import Footprint
 
 
 def footprint(length, size=20, batch=16):
@@ -18,7 +18,7 @@ def test_dependent_steps_follow_the_algorithms():
     assert bppsa.Blelloch().cost(fp).steps == 2 + cost.KERNELS_PER_LEVEL * 2 * 14  # log2(10001)
     chunked = bppsa.Chunked(100).cost(fp)
     assert chunked.steps == 2 + 2 * 100 + cost.KERNELS_PER_LEVEL * 2 * 7
-    assert bppsa.Chunked(1).cost(fp).steps == bppsa.Sequential(jacobians=True).cost(fp).steps
+    assert bppsa.Chunked(1).cost(fp).steps == bppsa.SequentialScan().cost(fp).steps
 
 
 def test_blelloch_does_about_n_times_the_arithmetic_of_back_propagation():

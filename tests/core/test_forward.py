@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa._core import api
-from bppsa._core.forward import Forward
 from bppsa.models import RNN, rnn_cell
+from bppsa.scan._core import api
+from bppsa.scan._core.forward import Forward
 from tests.helpers import assert_trees_close
 
 XS = jnp.linspace(-1.0, 1.0, 33).reshape(11, 3)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::bppsa.AnalyticJacobianWarning")
 METHODS = [
     "auto",
     "blelloch",
-    bppsa.Sequential(jacobians=True),
+    bppsa.SequentialScan(),
     bppsa.Blocked(bppsa.Chunked(2), 4),
     *marked_slow("sequential", bppsa.Chunked(3)),  # lax.scan's own rules; a chunk count
 ]

@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
-from bppsa._core.memory import Footprint
 from bppsa.models import GRU, gru_cell
 from bppsa.scan import JacobianMethod, apply
+from bppsa.scan._core.memory import Footprint
 from tests.helpers import assert_trees_close, spread
 
 XS = jnp.linspace(-1.0, 1.0, 26).reshape(13, 2)
@@ -65,7 +65,7 @@ def test_a_method_defined_outside_the_library(method):
 
 @pytest.mark.parametrize(
     "inner,block",
-    spread([bppsa.Blelloch(), bppsa.Chunked(2), bppsa.Sequential(jacobians=True)], [1, 4, 13, 50]),
+    spread([bppsa.Blelloch(), bppsa.Chunked(2), bppsa.SequentialScan()], [1, 4, 13, 50]),
 )
 def test_blocked_wraps_any_jacobian_method(inner, block):
     method = bppsa.Blocked(inner, block)
@@ -111,7 +111,7 @@ def test_memory_is_owned_by_each_method():
     blelloch = bppsa.Blelloch().memory(fp)
     chunked = bppsa.Chunked().memory(fp)
     blocked = bppsa.Blocked(bppsa.Blelloch(), 100).memory(fp)
-    sequential = bppsa.Sequential(jacobians=True).memory(fp)
+    sequential = bppsa.SequentialScan().memory(fp)
     assert blelloch > chunked > sequential > 0
-    assert blelloch > blocked > bppsa.Blocked(bppsa.Sequential(jacobians=True), 100).memory(fp)
+    assert blelloch > blocked > bppsa.Blocked(bppsa.SequentialScan(), 100).memory(fp)
     assert bppsa.Blocked(bppsa.Blelloch(), 10**6).memory(fp) == blelloch  # one block of all

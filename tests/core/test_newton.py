@@ -145,7 +145,7 @@ METHODS = [
     "auto",
     "blelloch",
     "sequential",
-    bppsa.Sequential(jacobians=True),
+    bppsa.SequentialScan(),
     bppsa.Chunked(3),
     bppsa.Blocked(bppsa.Blelloch(), 4),
 ]

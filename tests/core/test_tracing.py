@@ -1,4 +1,4 @@
-"""The reads of JAX's private state (bppsa._core.tracing): they must work on the installed JAX.
+"""The reads of JAX's private state (bppsa.scan._core.tracing): they must work on the installed JAX.
 
 These tests FAIL when JAX changes underneath (the library itself then falls back to something
 safe, with a warning): a JAX upgrade cannot silently change what Auto() picks or drop the
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from bppsa._core import linear, tracing
+from bppsa.scan._core import linear, tracing
 
 
 def test_nothing_fell_back():

@@ -32,7 +32,7 @@ NOT_BY_NAME = {"sharded_cpu.json"}
         ("chunked", bppsa.Chunked()),
         ("chunked-3", bppsa.Chunked(3)),
         ("chunked-3-b512", bppsa.Blocked(bppsa.Chunked(3), 512)),
-        ("sequential-jacobians", bppsa.Sequential(jacobians=True)),
+        ("sequential-jacobians", bppsa.SequentialScan()),
     ],
 )
 def test_every_form_builds_its_method(name, method):

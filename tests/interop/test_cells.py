@@ -20,7 +20,7 @@ METHOD_LENGTHS = [
     (bppsa.Blelloch(), 17),
     (bppsa.Chunked(), 1),
     (bppsa.Sequential(), 5),
-    (bppsa.Sequential(jacobians=True), 17),
+    (bppsa.SequentialScan(), 17),
     (bppsa.Blocked(bppsa.Blelloch(), 4), 17),
 ]
 LENGTHS = sorted({length for _, length in METHOD_LENGTHS})

@@ -85,7 +85,7 @@ def test_the_builder_is_the_transposed_jacobian(x64):
 METHOD_LENGTHS = [
     (bppsa.Blelloch(), 17),
     (bppsa.Chunked(), 5),
-    (bppsa.Sequential(jacobians=True), 1),
+    (bppsa.SequentialScan(), 1),
     (bppsa.Blocked(bppsa.Blelloch(), 4), 17),
     (bppsa.Auto(), 5),
 ]

@@ -27,7 +27,7 @@ from tests.helpers import RTOL, assert_trees_close, relative_errors, spread
 # back-propagation, and a conv's weight gradient is one reduction over B*H*W; measured <= 3e-7
 # on these chains, so the shared 1e-5 leaves a 30x margin (an ordering bug is off by ~1).
 SCAN_METHODS = [
-    bppsa.Sequential(jacobians=True),
+    bppsa.SequentialScan(),
     bppsa.Blelloch(),
     bppsa.Blelloch(levels=1),
     bppsa.Blelloch(levels=2),
@@ -195,7 +195,7 @@ def test_estimate_grows_with_levels_and_batch():
     chain, params, _, masks = problem(jnp.float32, 1, sparsity=0.5)
     spec = lambda b: jax.ShapeDtypeStruct((b, 2, 12, 10), jnp.float32)
     est = lambda m, b: chain.estimate_memory(params, spec(b), masks=masks, method=m)
-    seq = bppsa.Sequential(jacobians=True)
+    seq = bppsa.SequentialScan()
     assert est(seq, 1) < est(bppsa.Blelloch(), 1)
     assert est(bppsa.Blelloch(), 1) < est(bppsa.Blelloch(), 8)
 
@@ -217,7 +217,7 @@ def test_vgg11_pruned_to_97_percent_matches_back_propagation():
         return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(2), labels])
 
     expected = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(params, x, chain.forward)
-    method = bppsa.Sequential(jacobians=True)
+    method = bppsa.SequentialScan()
     actual = jax.jit(bppsa.grad(loss, argnums=(0, 1), method=method), static_argnums=2)(
         params, x, chain.apply
     )
@@ -230,10 +230,10 @@ def test_vgg11_pruned_to_97_percent_matches_back_propagation():
 
 
 def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
-    from bppsa._core.methods.auto import CHAIN_SPARSE_COST
+    from bppsa.scan._core.methods.auto import CHAIN_SPARSE_COST
 
     chain, params, x, _ = problem(jnp.float32, 2)
-    chain_method = bppsa.Sequential(jacobians=True)
+    chain_method = bppsa.SequentialScan()
     for sparsity, expected in [(None, bppsa.Sequential()), (0.97, chain_method)]:
         masks = None if sparsity is None else magnitude_prune(params, sparsity)
         loss = lambda p, masks=masks: jnp.sum(chain.apply(p, x, masks=masks))

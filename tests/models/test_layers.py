@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import bppsa._core.layer_scan
+import bppsa.scan._core.layer_scan
 from bppsa.models import Chain, Conv2d, Flatten, Linear, MaxPool2d, ReLU
 from bppsa.models._vgg import vgg11
 
@@ -229,7 +229,7 @@ def nothing_traced(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("traced before the arguments were validated")
 
-    monkeypatch.setattr(bppsa._core.layer_scan, "apply", fail)
+    monkeypatch.setattr(bppsa.scan._core.layer_scan, "apply", fail)
     monkeypatch.setattr(Chain, "forward", fail)
     for layer in (Conv2d, Linear, ReLU, MaxPool2d, Flatten):
         monkeypatch.setattr(layer, "__call__", fail)

@@ -6,15 +6,24 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU
-from bppsa.scan import METHODS, Auto, Blelloch, Blocked, Chunked, Sequential, resolve
+from bppsa.scan import (
+    METHODS,
+    Auto,
+    Blelloch,
+    Blocked,
+    Chunked,
+    Sequential,
+    SequentialScan,
+    resolve,
+)
 
 
 def test_names_resolve_to_method_objects():
     assert resolve("blelloch") == Blelloch()
     assert resolve("Sequential") == Sequential()
-    assert resolve(Sequential(jacobians=True)) == Sequential(jacobians=True)
+    assert resolve(SequentialScan()) == SequentialScan()
     assert resolve("chunked") == Chunked()
-    assert set(METHODS) == {"auto", "blelloch", "chunked", "sequential"}
+    assert set(METHODS) == {"auto", "blelloch", "chunked", "sequential", "sequential-scan"}
 
 
 def test_default_is_auto():
@@ -35,7 +44,7 @@ def test_wrong_type_is_a_type_error():
 
 def test_only_sequential_default_skips_jacobians():
     assert not Sequential().uses_jacobians
-    assert Sequential(jacobians=True).uses_jacobians
+    assert SequentialScan().uses_jacobians
     assert Blelloch().uses_jacobians
 
 
@@ -48,7 +57,7 @@ def test_chunk_counts_are_checked(chunks):
 
 
 def test_auto_says_what_it_picks():
-    assert Auto().choose(10_000, 20, backend="cpu") == Blocked(Sequential(jacobians=True), 2048)
+    assert Auto().choose(10_000, 20, backend="cpu") == Blocked(SequentialScan(), 2048)
     assert Auto().choose(10_000, 20, backend="gpu") == Blelloch()
 
 
@@ -58,7 +67,7 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     blocks = []
     for batch in (1, 2, 4, 8, 16, 32):
         method = Auto().choose(1000, 20, "cpu", batch=batch, element=20)
-        assert isinstance(method, Blocked) and method.method == Sequential(jacobians=True)
+        assert isinstance(method, Blocked) and method.method == SequentialScan()
         blocks.append(method.block)
     assert blocks == sorted(blocks, reverse=True) and blocks[0] > blocks[-1]
     assert all(b & (b - 1) == 0 and 64 <= b <= 8192 for b in blocks)  # powers of two, bounded

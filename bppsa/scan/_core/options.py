@@ -3,7 +3,7 @@
 One frozen (hashable) :class:`Options` holds the method, the memory limit, the finiteness
 check and the forward pass. :func:`bppsa.grad` sets it for the scans traced inside it with
 :func:`ambient`, through a JAX configuration state that keys ``jax.jit``'s cache (see
-:mod:`bppsa._core.tracing`), so a ``fun`` that was jitted before being passed to ``bppsa.grad``
+:mod:`bppsa.scan._core.tracing`), so a ``fun`` that was jitted before being passed to ``bppsa.grad``
 is traced again for other options instead of silently reusing the trace of its first options.
 A scan's own arguments win over the ambient ones, and an inner ``bppsa.grad`` over an outer
 one, field by field.
@@ -16,10 +16,10 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from bppsa._core import tracing
-from bppsa._core.forward import Forward
-from bppsa._core.methods.base import Method
-from bppsa._core.methods.resolve import resolve, resolve_forward
+from bppsa.scan._core import tracing
+from bppsa.scan._core.forward import Forward
+from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.resolve import resolve, resolve_forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,11 +27,11 @@ class Options:
     """Settings of a scan's backward; ``None`` fields are unset (inherited, then defaults).
 
     Attributes:
-        method: a method object (see :mod:`bppsa._core.methods`).
+        method: a method object (see :mod:`bppsa.scan._core.methods`).
         memory_limit: bytes the backward may use; ``math.inf`` turns the check off; ``None``:
             the default device's available memory.
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
-        forward: how the forward pass runs (see :mod:`bppsa._core.forward`).
+        forward: how the forward pass runs (see :mod:`bppsa.scan._core.forward`).
     """
 
     method: Method | None = None

@@ -14,6 +14,14 @@ layer's input (what back-propagation keeps too) and whose backward
 3. and takes every layer's parameter cotangent from its own output cotangent (independent of
    each other, so XLA may run them in parallel).
 
+The chain is any sequence of layers that also gives, for each of them, its forward
+(``chain.call_layer(layer, params, x, mask)``), its transposed Jacobian
+(``chain.layer_jacobian_t(layer, params, x, mask)``: an element of :mod:`bppsa.scan`, ``None``
+for an identity, or :data:`AUTODIFF` to have it built by autodiff) and the multiply-adds of its
+input gradient in dense back-propagation (``chain.dense_work(layer, output_shape)``, ``None``
+where pruning does not thin it), its ``forward`` and its ``shapes``: the layers register their
+Jacobians with the core this way (:class:`bppsa.models.Chain`), never the other way round.
+
 The memory guard runs between 1 and 2, at trace time: the products the scan would form are
 known from the static patterns, so a scan that would not fit raises
 :class:`bppsa.MemoryLimitError` (listing the levels that would fit) before anything runs.
@@ -28,12 +36,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa._core import memory, options, plans
-from bppsa._core.memory import MemoryLimitError, human
-from bppsa._core.methods.base import ChainWork, LayerScan, Method
-from bppsa._core.methods.resolve import resolve
 from bppsa.scan import _chain
+from bppsa.scan._core import memory, options, plans
+from bppsa.scan._core.memory import MemoryLimitError, human
+from bppsa.scan._core.methods.base import ChainWork, LayerScan, Method
+from bppsa.scan._core.methods.blelloch import Blelloch
+from bppsa.scan._core.methods.resolve import resolve
+from bppsa.scan._core.methods.sequential import Sequential
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._elements import Dense, MapStack
+
+AUTODIFF = type("Autodiff", (), {"__repr__": lambda self: "AUTODIFF"})()
+"""What a chain's ``layer_jacobian_t`` returns for a layer without a builder: the core builds
+its dense transposed Jacobian per example by autodiff."""
 
 
 def apply(chain, params, x, masks):
@@ -59,16 +74,16 @@ def apply(chain, params, x, masks):
 
 def method_for(how: LayerScan) -> Method:
     """The method object that runs ``how`` on its own (what a plan of a chain reports)."""
-    from bppsa._core.methods import Blelloch, Sequential
-
     if how.autodiff:
         return Sequential()
-    return Sequential(jacobians=True) if how.levels == 0 else Blelloch(levels=how.levels)
+    return SequentialScan() if how.levels == 0 else Blelloch(levels=how.levels)
 
 
 def layer_maps(chain, params, inputs, masks) -> list[MapStack | None]:
     """Every layer's transposed Jacobian at its input (``None`` for an identity, e.g. Flatten)."""
-    return [_layer_map(layer, p, x, m) for layer, p, x, m in zip(chain, params, inputs, masks)]
+    return [
+        _layer_map(chain, layer, p, x, m) for layer, p, x, m in zip(chain, params, inputs, masks)
+    ]
 
 
 def chain_work(chain, params, x, masks) -> ChainWork:
@@ -83,17 +98,15 @@ def chain_work(chain, params, x, masks) -> ChainWork:
 
 def _work(chain, params, x, maps) -> ChainWork:
     """:func:`chain_work` from the chain's maps (shared values: their entries do not depend on
-    the batch the maps were built for)."""
-    from bppsa.models import Conv2d, Linear
-
+    the batch the maps were built for): the layers that report a dense backward's multiply-adds
+    (``chain.dense_work``: convolutions and linear layers) against their maps' entries."""
     shapes = chain.shapes(tuple(x.shape[1:]), params)
     sparse = dense = 0
     for layer, m, out in zip(chain, maps, shapes[1:]):
-        if isinstance(layer, Conv2d | Linear) and m is not None:
-            kernel = layer.param_shapes()["weight"]
-            positions = math.prod(out[1:]) if isinstance(layer, Conv2d) else 1
+        work = chain.dense_work(layer, out)
+        if work is not None and m is not None:
             sparse += m.floats_per_step()
-            dense += math.prod(kernel) * positions
+            dense += work
     return ChainWork(sparse=int(sparse), dense=int(dense))
 
 
@@ -154,7 +167,7 @@ def _differentiable(chain, static_masks, how: LayerScan, requested, limit, plan)
                 k -= 1
                 current = scanned[k]
         ct_params = [
-            _param_cotangent(layer, p, xi, m, gi)
+            _param_cotangent(chain, layer, p, xi, m, gi)
             for layer, p, xi, m, gi in zip(chain, params, inputs, masks, outs)
         ]
         ct_x = current.reshape(inputs[0].shape).astype(inputs[0].dtype)
@@ -168,7 +181,7 @@ def _forward(chain, params, x, masks):
     inputs = []
     for layer, p, m in zip(chain, params, masks):
         inputs.append(x)
-        x = _call(layer, p, x, m)
+        x = chain.call_layer(layer, p, x, m)
     return inputs, x
 
 
@@ -177,37 +190,32 @@ def _maps_and_inputs(chain, params, x, masks):
     return layer_maps(chain, params, inputs, masks), inputs
 
 
-def _call(layer, p, x, mask):
-    from bppsa.models._chain import call_layer
-
-    return call_layer(layer, p, x, mask)
-
-
-def _layer_map(layer, p, x, mask) -> MapStack | None:
-    if hasattr(layer, "jacobian_t"):
-        return layer.jacobian_t(p, x, mask)
-    return _autodiff_map(layer, p, x, mask)
+def _layer_map(chain, layer, p, x, mask) -> MapStack | None:
+    built = chain.layer_jacobian_t(layer, p, x, mask)
+    return _autodiff_map(chain, layer, p, x, mask) if built is AUTODIFF else built
 
 
-def _autodiff_map(layer, p, x, mask) -> Dense:
-    """A user's layer: its dense transposed Jacobian per example, by autodiff."""
+def _autodiff_map(chain, layer, p, x, mask) -> Dense:
+    """A layer without a transposed-Jacobian builder: its dense one per example, by autodiff."""
 
     def one(xi):
-        fn = lambda z: _call(layer, p, z.reshape(1, *xi.shape), mask).reshape(-1)  # noqa: E731
+        def fn(z):
+            return chain.call_layer(layer, p, z.reshape(1, *xi.shape), mask).reshape(-1)
+
         return jax.jacrev(fn)(xi.reshape(-1))
 
     jac = jax.vmap(one)(x)  # (B, n_out, n_in)
     return Dense(jnp.swapaxes(jac, -1, -2)[None])
 
 
-def _param_cotangent(layer, p, x, mask, g_out):
+def _param_cotangent(chain, layer, p, x, mask, g_out):
     # A pruned weight's cotangent is the dense VJP of the masked layer (exactly zero where
     # masked). Gathering only the unmasked entries' patches was measured slower on a 2-core
     # CPU at 97% pruning, B = 16: 52 vs 7.4 ms (conv 64->128 at 16x16), 95 vs 16 ms
     # (256->256 at 8x8), 81 vs 32 ms (512->512 at 4x4); at par only for tiny layers.
     if not jax.tree.leaves(p):
         return jax.tree.map(jnp.zeros_like, p)
-    y, vjp = jax.vjp(lambda p: _call(layer, p, x, mask), p)
+    y, vjp = jax.vjp(lambda p: chain.call_layer(layer, p, x, mask), p)
     (ct,) = vjp(g_out.reshape(y.shape).astype(y.dtype))
     return ct
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from bppsa._core import cost
-from bppsa._core.memory import CHUNK_DENSE
-from bppsa._core.methods.base import JacobianMethod
 from bppsa.scan._chunked import chunked, default_chunks
+from bppsa.scan._core import cost
+from bppsa.scan._core.memory import CHUNK_DENSE
+from bppsa.scan._core.methods.base import JacobianMethod
 
 
 @dataclasses.dataclass(frozen=True)

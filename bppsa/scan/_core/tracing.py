@@ -13,7 +13,7 @@ Two things ``bppsa.scan`` needs are not in JAX's public API:
 
 When JAX changes underneath, each of them falls back to something safe (batch 1 with a warning;
 for the options, a context variable, with :func:`bppsa.grad` refusing already-jitted functions)
-and :func:`problems` lists what fell back (the linear primitive of :mod:`bppsa._core.linear`,
+and :func:`problems` lists what fell back (the linear primitive of :mod:`bppsa.scan._core.linear`,
 which uses JAX's extension API, records here too if it cannot be defined):
 ``tests/core/test_tracing.py`` fails on any entry, so a JAX upgrade cannot change behaviour
 unnoticed.
@@ -31,6 +31,15 @@ from typing import Any
 import jax
 
 _problems: dict[str, str] = {}
+
+# The JAX minor versions these reads (and the extension API of bppsa.scan._core.linear and
+# bppsa.scan._core.dependence) were tested with; pyproject.toml bounds the dependency to them.
+TESTED_JAX = ("0.10",)
+if ".".join(jax.__version__.split(".")[:2]) not in TESTED_JAX:
+    _problems["version"] = (
+        f"JAX {jax.__version__} is not among the versions bppsa's reads of JAX internals were "
+        f"tested with ({', '.join(TESTED_JAX)}); run tests/core/test_tracing.py"
+    )
 
 try:
     from jax._src import core as _core

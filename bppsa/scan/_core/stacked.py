@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import jax
 
-from bppsa._core.carry import Layout, unstacked
+from bppsa.scan._core.carry import Layout, unstacked
 from bppsa.scan._elements import Dense
 
 

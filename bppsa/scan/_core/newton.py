@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from bppsa._core.forward import Forward, run_sequentially
 from bppsa.scan import _algorithms
+from bppsa.scan._core.forward import Forward, run_sequentially
 
 # Default tolerance, in units of the dtype's machine epsilon, of every step's residual relative
 # to the size of the states (|r_t| <= tol (|f_t| + mean_t |f_t|), elementwise). Measured with
@@ -83,7 +83,7 @@ class Newton(Forward):
     when the iterations do not get there (an expansive or chaotic cell, a NaN), the steps after
     the converged prefix are computed sequentially; the result is then as accurate as
     ``lax.scan``'s. Gradients are the usual backward of the backward method on that trajectory
-    (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa._core.newton`.
+    (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa.scan._core.newton`.
 
     Args:
         max_iterations: iteration limit (``None``: ``min(64, T)``; ``T`` iterations make every

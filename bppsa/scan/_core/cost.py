@@ -1,6 +1,6 @@
 """A cost model of a scan's backward pass on a device: dependent steps, arithmetic, bytes.
 
-Each backward method predicts, for a scan's :class:`~bppsa._core.memory.Footprint`, the number
+Each backward method predicts, for a scan's :class:`~bppsa.scan._core.memory.Footprint`, the number
 of dependent steps on its critical path (each one at least a kernel launch), the floating-point
 operations and the bytes it moves; on a :class:`Profile` the time is
 
@@ -15,7 +15,7 @@ This is the rule by which ``Auto()`` chooses on accelerators (see
   ``n x n`` products (``2 T B n^3`` flops) plus ``O(T B n^2)`` matrix-vector work;
 * ``Chunked(C)``: ``2 ceil(T / C) + 2 ceil(log2 C)`` steps, ``2 (T - T/C) B n^2 (n + 1)``
   flops;
-* ``Sequential(jacobians=True)``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
+* ``SequentialScan()``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
 * ``Blocked(m, K)``: ``ceil(T / K)`` times ``m`` on ``K`` steps.
 
 The accelerator profile is an ASSUMPTION until a device has run ``benchmarks/gpu.sh``: an
@@ -30,7 +30,7 @@ import math
 
 import jax
 
-from bppsa._core.memory import Footprint
+from bppsa.scan._core.memory import Footprint
 
 KERNELS_PER_LEVEL = 3  # a Blelloch level: the products, the offsets, the interleave
 

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
-from bppsa._core import debug
-from bppsa._core.carry import Layout, is_float, zero_cotangent
+from bppsa.scan._core import debug
+from bppsa.scan._core.carry import Layout, is_float, zero_cotangent
 
 # (g_end, linear maps, offsets | None) -> [g_start, ..., g_end]: a method's linear scan.
 LinearScan = Callable[[Array, Any, Array | None], Array]
@@ -80,7 +80,7 @@ def span_backward(
 
     Returns:
         ``(g_start, ct_consts, ct_xs, flags)``, with ``flags`` the steps' finiteness flags
-        (:mod:`bppsa._core.debug`) if ``check``, else ``None``.
+        (:mod:`bppsa.scan._core.debug`) if ``check``, else ``None``.
     """
     jac_t, offsets, vjp, ct_ys = linearize_steps(
         all_steps, layout, consts, carries_before, xs, ct_ys

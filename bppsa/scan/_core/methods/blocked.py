@@ -6,8 +6,8 @@ import dataclasses
 import functools
 from typing import ClassVar
 
-from bppsa._core import backward, cost
-from bppsa._core.methods.base import JacobianMethod
+from bppsa.scan._core import backward, cost
+from bppsa.scan._core.methods.base import JacobianMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,12 +18,11 @@ class Blocked(JacobianMethod):
     leaving a block enters the next one. On CPUs, streaming ``T``-long arrays of Jacobians
     through memory costs more than the loop over blocks, so blocks sized to stay in cache are
     faster, and the memory of the backward is that of one block (plus the carries kept by the
-    forward). E.g. ``Blocked(Sequential(jacobians=True), 2048)`` is what ``Auto()`` runs on CPUs
+    forward). E.g. ``Blocked(SequentialScan(), 2048)`` is what ``Auto()`` runs on CPUs
     for the RNN of H = 20 at B = 16.
 
     Attributes:
-        method: a Jacobian method (``Blelloch()``, ``Chunked(...)``,
-            ``Sequential(jacobians=True)``).
+        method: a Jacobian method (``Blelloch()``, ``Chunked(...)``, ``SequentialScan()``).
         block: steps per block (the first block is shorter when it does not divide ``T``).
     """
 
@@ -32,12 +31,10 @@ class Blocked(JacobianMethod):
     name: ClassVar[str | None] = None
 
     def __post_init__(self):
-        if isinstance(self.method, Blocked) or not (
-            isinstance(self.method, JacobianMethod) and self.method.uses_jacobians
-        ):
+        if isinstance(self.method, Blocked) or not isinstance(self.method, JacobianMethod):
             raise TypeError(
                 "Blocked(method, block) needs a method that scans Jacobians, such as "
-                f"bppsa.Blelloch(), bppsa.Chunked() or bppsa.Sequential(jacobians=True); got "
+                f"bppsa.Blelloch(), bppsa.Chunked() or bppsa.SequentialScan(); got "
                 f"{self.method!r}."
             )
         bad_type = isinstance(self.block, bool) or not isinstance(self.block, int)

@@ -7,12 +7,15 @@ from typing import ClassVar
 
 import jax
 
-from bppsa._core import cost, memory
-from bppsa._core.methods.base import LayerScan, Method, lower_memory, memory_error
-from bppsa._core.methods.blelloch import Blelloch
-from bppsa._core.methods.blocked import Blocked
-from bppsa._core.methods.chunked import Chunked
-from bppsa._core.methods.sequential import Sequential
+from bppsa.scan._core import cost, memory
+from bppsa.scan._core.methods import policy
+from bppsa.scan._core.methods.base import LayerScan, Method
+from bppsa.scan._core.methods.blelloch import Blelloch
+from bppsa.scan._core.methods.blocked import Blocked
+from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.fallbacks import FALLBACKS
+from bppsa.scan._core.methods.sequential import Sequential
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 # Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
 # summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays in
@@ -63,13 +66,13 @@ class Auto(Method):
     """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
 
     :meth:`choose` says what it picks. On accelerators it is the method the cost model of
-    :mod:`bppsa._core.cost` predicts fastest among back-propagation, ``Blelloch()``
+    :mod:`bppsa.scan._core.cost` predicts fastest among back-propagation, ``Blelloch()``
     (``Theta(log T)`` levels) and ``Chunked()`` (:meth:`predictions` gives the predicted times:
     the parallel scans for the paper's small cells, back-propagation where their ~``n``-fold
     extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``). On
     CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
     does not pay for itself (measured with ``benchmarks/speed.py``); there it is
-    ``Blocked(Sequential(jacobians=True), K)``: a sequential scan over the transposed Jacobians,
+    ``Blocked(SequentialScan(), K)``: a sequential scan over the transposed Jacobians,
     whose steps are single matrix-vector products, while the Jacobians and parameter gradients
     are computed for a block of ``K`` steps at once (``K`` chosen so that the block's arrays stay
     in cache); and where even that loses, for large batches, plain back-propagation
@@ -78,7 +81,7 @@ class Auto(Method):
 
     Example:
         >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
-        Blocked(method=Sequential(jacobians=True), block=2048)
+        Blocked(method=SequentialScan(), block=2048)
         >>> bppsa.Auto().choose(10_000, 20, "gpu", batch=16, element=20)
         Blelloch()
     """
@@ -132,7 +135,7 @@ class Auto(Method):
         work = max(batch * _element(size, element), 1)
         low, high = CPU_BLOCK_STEPS
         block = min(max(1 << (max(CPU_BLOCK_WORK // work, 1).bit_length() - 1), low), high)
-        return Blocked(Sequential(jacobians=True), block)
+        return Blocked(SequentialScan(), block)
 
     def predictions(
         self,
@@ -144,12 +147,12 @@ class Auto(Method):
         element: int | None = None,
     ) -> dict[Method, float]:
         """Predicted seconds of the backward of each accelerator candidate (why
-        :meth:`choose` picks what it picks there), from :mod:`bppsa._core.cost`.
+        :meth:`choose` picks what it picks there), from :mod:`bppsa.scan._core.cost`.
 
         Example:
             >>> times = bppsa.Auto().predictions(1000, 1024, "gpu", batch=256)
             >>> min(times, key=times.get)
-            Sequential(jacobians=False)
+            Sequential()
         """
         return _predicted(ACCELERATOR_CHOICES, length, size, backend, batch, element)
 
@@ -169,18 +172,17 @@ class Auto(Method):
 
     def fit(self, fp, limit, backend: str | None = None):
         """The parallel method :meth:`parallel` picks, or else the first lower-memory method of
-        the memory guard's list that fits (see :meth:`bppsa.Method.fit`)."""
-        from bppsa._core.methods.fallbacks import FALLBACKS
-
+        the memory guard's list that fits (``Auto()``'s rule of
+        :func:`bppsa.scan._core.methods.policy.fit`)."""
         chosen = self.for_footprint(fp, backend, parallel=True)
         need = chosen.memory(fp)
         limit_bytes = memory.available_bytes() if limit is None else limit
         if need <= limit_bytes:
             return chosen
-        options = lower_memory(FALLBACKS, fp, need, limit_bytes)
+        options = policy.lower_memory(FALLBACKS, fp, need, limit_bytes)
         if options:
             return options[0][0]
-        raise memory_error(self, chosen, need, limit, limit_bytes, fp)
+        raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp)
 
     def for_complex_carry(self, leaves):
         return Sequential()
@@ -194,8 +196,10 @@ class Auto(Method):
             return LayerScan(levels=0)
         return LayerScan(autodiff=True)
 
-    def differentiable(self, problem, forward, **options):
-        return self.concrete(problem).differentiable(problem, forward, **options)
+
+@policy.fit.register
+def _fit(method: Auto, fp, limit, backend=None):
+    return method.fit(fp, limit, backend)
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())

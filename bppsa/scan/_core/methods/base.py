@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jax import Array
 
-from bppsa._core import arguments, backward, memory, vjp
-from bppsa._core.cost import Cost
-from bppsa._core.memory import Footprint, MemoryLimitError, limit_message
+from bppsa.scan._core import arguments, backward
+from bppsa.scan._core.cost import Cost
+from bppsa.scan._core.memory import Footprint
 from bppsa.scan._elements import MapStack
 
 if TYPE_CHECKING:
-    from bppsa._core.forward import Forward
-    from bppsa._core.plans import ScanPlan
-    from bppsa._core.problem import Problem
+    from bppsa.scan._core.forward import Forward
+    from bppsa.scan._core.problem import Problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +63,7 @@ class Method(abc.ABC):
     options of :func:`bppsa.grad` that hold them key ``jax.jit``'s cache.
 
     Attributes:
-        name: the string that :func:`bppsa._core.methods.resolve` maps to the default instance
+        name: the string that :func:`bppsa.scan._core.methods.resolve` maps to the default instance
             (methods that need arguments have none).
         uses_jacobians: False when the method is plain back-propagation through ``lax.scan``
             (every JAX transformation then works as on ``lax.scan``).
@@ -87,22 +85,9 @@ class Method(abc.ABC):
         """Estimated peak bytes of a scan's forward and backward with this method."""
 
     def cost(self, fp: Footprint) -> Cost | None:
-        """Predicted steps, arithmetic and bytes of the backward (:mod:`bppsa._core.cost`);
+        """Predicted steps, arithmetic and bytes of the backward (:mod:`bppsa.scan._core.cost`);
         ``None`` where the model does not cover the method."""
         return None
-
-    def fit(self, fp: Footprint, limit: float | None) -> Method:
-        """The method that runs the backward of a scan of footprint ``fp`` within ``limit``
-        bytes (``None``: the default device's available memory): this one, if it fits.
-
-        Raises:
-            MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
-        """
-        need = self.memory(fp)
-        limit_bytes = memory.available_bytes() if limit is None else limit
-        if need <= limit_bytes:
-            return self
-        raise memory_error(self, self, need, limit, limit_bytes, fp)
 
     def for_chain(self, work: ChainWork | None = None) -> LayerScan:
         """How this method back-propagates through a chain of layers (``Chain.apply``) whose
@@ -113,7 +98,7 @@ class Method(abc.ABC):
         """
         raise TypeError(
             f"{self!r} does not apply to a chain of layers; use bppsa.Auto(), bppsa.Blelloch("
-            "levels=...), bppsa.Sequential(jacobians=True) (the sequential sparse chain) or "
+            "levels=...), bppsa.SequentialScan() (the sequential sparse chain) or "
             "bppsa.Sequential() (plain autodiff)."
         )
 
@@ -122,28 +107,13 @@ class Method(abc.ABC):
         arguments.refuse_complex(self, leaves)
         return self
 
-    @abc.abstractmethod
-    def differentiable(
-        self,
-        problem: Problem,
-        forward: Forward,
-        *,
-        requested: Method,
-        memory_limit: float | None,
-        check_finite: bool,
-        plan: ScanPlan | None = None,
-    ) -> Callable:
-        """The scan as a differentiable ``(consts, init, xs) -> (carry, ys)`` (``xs`` in time
-        order), its forward run by ``forward``; ``requested`` is the method the user asked for
-        (it may be a policy whose ``fit`` picks the backward)."""
-
 
 class JacobianMethod(Method):
     """A method whose backward scans the transposed Jacobians of all steps (BPPSA).
 
     Subclasses give the linear :meth:`scan` and its memory (:meth:`span_floats`); the default
     :meth:`backward` evaluates all steps at once (their Jacobians and VJP), scans, and takes
-    the VJP (see :func:`bppsa._core.backward.span_backward`).
+    the VJP (see :func:`bppsa.scan._core.backward.span_backward`).
     """
 
     @abc.abstractmethod
@@ -160,6 +130,10 @@ class JacobianMethod(Method):
         """
         return self.scan(h_first, jac_t.transpose().flip(), offsets[::-1])[::-1]
 
+    def forward_for(self, forward: Forward) -> Forward:
+        """The forward pass this method runs when the scan asks for ``forward``: that one."""
+        return forward
+
     @abc.abstractmethod
     def span_floats(self, fp: Footprint, steps: int) -> float:
         """Floats per example of the backward of ``steps`` steps evaluated at once."""
@@ -167,23 +141,13 @@ class JacobianMethod(Method):
     def memory(self, fp: Footprint) -> int:
         return fp.bytes(fp.residual_floats() + self.span_floats(fp, fp.length))
 
-    def differentiable(self, problem, forward, *, requested, memory_limit, check_finite, plan=None):
-        return vjp.jacobian_scan(
-            requested,
-            problem,
-            forward,
-            memory_limit=memory_limit,
-            check_finite=check_finite,
-            plan=plan,
-        )
-
     def backward(
         self, problem: Problem, consts, carries_before, xs, g_last: Array, ct_ys, *, check: bool
     ) -> tuple[Array, Any, Any, Array | None]:
         """Back-propagates ``g_last`` through all steps of ``problem``.
 
         Returns:
-            ``(g_0, ct_consts, ct_xs, flags)`` (``flags``: see :mod:`bppsa._core.debug`).
+            ``(g_0, ct_consts, ct_xs, flags)`` (``flags``: see :mod:`bppsa.scan._core.debug`).
         """
         return backward.span_backward(
             self.scan,
@@ -196,25 +160,3 @@ class JacobianMethod(Method):
             g_last,
             ct_ys,
         )
-
-
-def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
-    """The error for a backward that does not fit, listing the lower-memory methods that do."""
-    from bppsa._core.methods.fallbacks import FALLBACKS
-    from bppsa._core.methods.sequential import Sequential
-
-    options = lower_memory(FALLBACKS, fp, need, limit_bytes)
-    message = limit_message(
-        requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp)
-    )
-    return MemoryLimitError(message, need, limit_bytes, options)
-
-
-def lower_memory(candidates, fp: Footprint, need: int, limit_bytes: float) -> list:
-    """``[(method, bytes)]`` of the ``candidates`` that need less than ``need`` and fit."""
-    options = []
-    for candidate in candidates:
-        bytes_ = candidate.memory(fp)
-        if bytes_ < need and bytes_ <= limit_bytes and candidate not in (c for c, _ in options):
-            options.append((candidate, bytes_))
-    return options

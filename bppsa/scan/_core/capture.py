@@ -5,7 +5,7 @@ its body inside :func:`recording`. The scan uses a recorded builder only when th
 whole carry map: its state arguments are the very carry leaves the body received and its outputs
 the very carry leaves the body returned (checked by object identity during tracing, see
 :func:`match`), and its other inputs do not depend on the carry (checked on the traced program
-by :mod:`bppsa._core.body`). Anything else falls back to autodiff Jacobians, with an
+by :mod:`bppsa.scan._core.body`). Anything else falls back to autodiff Jacobians, with an
 :class:`AnalyticJacobianWarning` that says why, so the analytic path is only taken where it is
 exact.
 """
@@ -17,15 +17,13 @@ import contextvars
 import dataclasses
 import functools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from bppsa._core.carry import is_float
-
-if TYPE_CHECKING:
-    from bppsa.scan._elements import MapStack
+from bppsa.scan._core.carry import is_float
+from bppsa.scan._elements import Dense, MapStack, Structured
 
 
 class AnalyticJacobianWarning(UserWarning):
@@ -138,6 +136,12 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
                 grads = jax.jit(bppsa.grad(loss, method="blelloch"))(params, jnp.ones((5, 2)))
             assert plans[0].jacobians == "analytic"
 
+        A layer of a :class:`bppsa.models.Chain` written as a function ``layer(params, x)`` of
+        a batch declares its transposed Jacobian the same way: ``builder(params, x)`` returns
+        the ``J^T`` of the batch at its input ``x``, as :meth:`bppsa.models.Layer.jacobian_t`
+        does (e.g. a :class:`bppsa.scan.Dense` of shape ``(1, B, n_in, n_out)``); without one,
+        the chain's backward builds it by autodiff.
+
         A method can be the cell too (``self`` is then ``params``), e.g. an equinox module's
         ``@transposed_jacobian(builder) def __call__(self, h, x)``, whose builder is called as
         ``builder(module, h, x)``. A cell whose arguments come in another order (equinox's
@@ -148,7 +152,10 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
         name = getattr(cell, "__name__", repr(cell))
 
         @functools.wraps(cell)
-        def wrapped(params, state, x, **options):
+        def wrapped(params, *args, **options):
+            if len(args) != 2:  # a layer of a Chain, layer(params, x): no carry to match
+                return cell(params, *args, **options)
+            state, x = args
             new_state = cell(params, state, x, **options)
             calls = _calls.get()
             if calls is not None:
@@ -179,8 +186,6 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
 
 def _build_checked(name, builder, params, state, x, options) -> MapStack:
     """``builder(params, state, x, **options)``, checked against the shapes of ``state``."""
-    from bppsa.scan._elements import Dense, MapStack, Structured
-
     built = builder(params, state, x, **options)
     where = f"the transposed-Jacobian builder {_name(builder)} of {name}"
     if not isinstance(built, MapStack):

@@ -1,7 +1,8 @@
 """A linear map whose transpose is ours: how forward mode and reverse mode share one scan.
 
 :func:`linear_map` evaluates ``fn(res, lin)``, linear in ``lin``, as one JAX primitive whose
-transpose rule is ``transpose(res, ct)``. A scan's JVP rule (:mod:`bppsa._core.vjp`) returns its
+transpose rule is ``transpose(res, ct)``. A scan's JVP rule (:mod:`bppsa.scan._core.vjp`) returns
+its
 tangents through it, so that
 
 * ``jax.jvp``, ``jax.jacfwd`` and ``jax.linearize`` evaluate ``fn``: the tangent recurrence as
@@ -23,7 +24,7 @@ rules a primitive needs: evaluation (``fn``, also when lowered under ``jax.jit``
 ``transpose`` vmapped). It uses JAX's extension API (``jax.extend.core.Primitive`` and the rule
 tables of ``jax.interpreters``); if that is missing, :func:`linear_map` evaluates ``fn`` as plain
 JAX code (every transformation still works, reverse mode then through JAX's own transpose) and
-:func:`bppsa._core.tracing.problems` lists it, which ``tests/core/test_tracing.py`` fails on.
+:func:`bppsa.scan._core.tracing.problems` lists it, which ``tests/core/test_tracing.py`` fails on.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bppsa._core import tracing
+from bppsa.scan._core import tracing
 
 try:
     from jax.extend.core import Primitive

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from bppsa._core.auto_forward import AutoForward
-from bppsa._core.forward import Forward, SequentialForward
-from bppsa._core.methods.auto import Auto
-from bppsa._core.methods.base import Method
-from bppsa._core.methods.blelloch import Blelloch
-from bppsa._core.methods.chunked import Chunked
-from bppsa._core.methods.sequential import Sequential
-from bppsa._core.newton import Newton
+from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.methods.auto import Auto
+from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.blelloch import Blelloch
+from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.sequential import Sequential
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._core.newton import Newton
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential)}
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential, SequentialScan)
+}
 
 
 def resolve(method: Method | str | None, *, argname: str = "method") -> Method:

@@ -37,12 +37,12 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from bppsa._core import backward, debug
-from bppsa._core.forward import Forward, SequentialForward
-from bppsa._core.methods.auto import Auto
-from bppsa._core.methods.base import JacobianMethod
-from bppsa._core.methods.sequential import Sequential
 from bppsa.scan._algorithms import aggregate
+from bppsa.scan._core import backward, debug
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.methods.auto import Auto
+from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 EXCHANGES = ("all_gather", "ppermute")
 FORWARDS = ("replicated", "pipelined")
@@ -93,12 +93,11 @@ class Sharded(JacobianMethod):
                 f"are {tuple(self.mesh.axis_names)}."
             )
         if self.local is not None and (
-            isinstance(self.local, Sharded)
-            or not (isinstance(self.local, JacobianMethod) and self.local.uses_jacobians)
+            isinstance(self.local, Sharded) or not isinstance(self.local, JacobianMethod)
         ):
             raise TypeError(
                 "Sharded: local must be a method that scans Jacobians on one device (e.g. "
-                f"bppsa.Blelloch(), bppsa.Chunked(), bppsa.Sequential(jacobians=True)); got "
+                f"bppsa.Blelloch(), bppsa.Chunked(), bppsa.SequentialScan()); got "
                 f"{self.local!r}."
             )
         if self.forward not in FORWARDS:
@@ -121,14 +120,26 @@ class Sharded(JacobianMethod):
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
         return Auto().for_footprint(slice_fp, platform, parallel=True)
 
-    def differentiable(self, problem, forward, **options):
-        if self.forward == "pipelined":
-            forward = PipelinedForward(self.mesh, self.axis_name)
-        return super().differentiable(problem, forward, **options)
+    def forward_for(self, forward: Forward) -> Forward:
+        """The forward this method runs in place of ``forward`` (the sequential one):
+        :class:`PipelinedForward` for ``forward="pipelined"``.
+
+        Raises:
+            ValueError: ``forward="pipelined"`` with another forward than the sequential one.
+        """
+        if self.forward != "pipelined":
+            return forward
+        if not forward.sequential:
+            raise ValueError(
+                f"bppsa.scan: {self!r} pipelines the sequential forward across the devices; "
+                f"it cannot also run forward={forward!r}: use Sharded(forward='replicated') "
+                "with that forward, or the sequential forward."
+            )
+        return PipelinedForward(self.mesh, self.axis_name)
 
     def scan(self, g_last, maps, offsets):
         # A stack already on one device: the local method's scan.
-        return (self.local or Sequential(jacobians=True)).scan(g_last, maps, offsets)
+        return (self.local or SequentialScan()).scan(g_last, maps, offsets)
 
     def span_floats(self, fp, steps):
         """Per device: its slice's backward and the ``P`` gathered aggregates."""
@@ -139,7 +150,7 @@ class Sharded(JacobianMethod):
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         num_steps = jax.tree.leaves(carries_before)[0].shape[0]
         if num_steps == 0:
-            return Sequential(jacobians=True).backward(
+            return SequentialScan().backward(
                 problem, consts, carries_before, xs, g_last, ct_ys, check=check
             )
         devices = self.devices

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import jax
 
-from bppsa._core import cost
-from bppsa._core.forward import Forward, SequentialForward
-from bppsa._core.newton import Newton
+from bppsa.scan._core import cost
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.newton import Newton
 
 # Newton iterations the cost model assumes: about the mean measured by benchmarks/newton.py
 # for the paper's RNN after a short training (float32: 9.4 at T = 1k, 13.2 at 10k, 20.6 at 30k;
@@ -23,7 +23,8 @@ EXPECTED_ITERATIONS = 15
 @dataclasses.dataclass(frozen=True)
 class AutoForward(Forward):
     """Chooses the forward pass of each scan: ``lax.scan`` on CPUs; on accelerators
-    ``bppsa.Newton()`` where :mod:`bppsa._core.cost` predicts ``EXPECTED_ITERATIONS`` (15) Newton
+    ``bppsa.Newton()`` where :mod:`bppsa.scan._core.cost` predicts ``EXPECTED_ITERATIONS`` (15)
+    Newton
     iterations faster than the ``T`` dependent steps of ``lax.scan`` (long sequences of small
     cells), else ``lax.scan``. Whatever it picks, the result is certified (see
     :class:`bppsa.Newton`).

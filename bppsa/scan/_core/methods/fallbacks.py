@@ -1,8 +1,8 @@
 """The lower-memory methods the memory guard offers (``Auto()`` takes the first that fits)."""
 
-from bppsa._core.methods.blocked import Blocked
-from bppsa._core.methods.chunked import Chunked
-from bppsa._core.methods.sequential import Sequential
+from bppsa.scan._core.methods.blocked import Blocked
+from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 CPU_BLOCK = 1024  # steps per block of the lower-memory fallbacks
 
@@ -10,7 +10,7 @@ CPU_BLOCK = 1024  # steps per block of the lower-memory fallbacks
 FALLBACKS = (
     Chunked(),
     Blocked(Chunked(), CPU_BLOCK),
-    Blocked(Sequential(jacobians=True), CPU_BLOCK),
-    Blocked(Sequential(jacobians=True), 256),
-    Blocked(Sequential(jacobians=True), 64),
+    Blocked(SequentialScan(), CPU_BLOCK),
+    Blocked(SequentialScan(), 256),
+    Blocked(SequentialScan(), 64),
 )

@@ -2,7 +2,7 @@
 
 A :class:`Forward` runs the steps of a scan forward in time and, for a backward pass, also
 returns the carry that entered every step. :class:`SequentialForward` is ``lax.scan`` (the
-default); :class:`bppsa.Newton` (:mod:`bppsa._core.newton`) solves the whole trajectory by
+default); :class:`bppsa.Newton` (:mod:`bppsa.scan._core.newton`) solves the whole trajectory by
 Newton iterations, each a parallel linear scan. The backward methods do not change with it.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from jax import lax
 
 if TYPE_CHECKING:
-    from bppsa._core.problem import Problem
+    from bppsa.scan._core.problem import Problem
 
 
 class Forward(abc.ABC):

@@ -5,18 +5,19 @@ is a policy that returns another method), what memory it needs (``memory``) and 
 within a memory limit (``fit``), and carries out the backward (``differentiable``: the scan as a
 differentiable function; for Jacobian methods, ``backward`` and their linear ``scan``).
 :class:`Blocked` wraps any Jacobian method to run its backward in time blocks. Adding a method
-is adding a file here and a name in :mod:`bppsa._core.methods.resolve` if it takes no
+is adding a file here and a name in :mod:`bppsa.scan._core.methods.resolve` if it takes no
 arguments.
 """
 
-from bppsa._core.methods.auto import Auto
-from bppsa._core.methods.base import JacobianMethod, Method
-from bppsa._core.methods.blelloch import Blelloch
-from bppsa._core.methods.blocked import Blocked
-from bppsa._core.methods.chunked import Chunked
-from bppsa._core.methods.resolve import FORWARDS, METHODS, resolve, resolve_forward
-from bppsa._core.methods.sequential import Sequential
-from bppsa._core.methods.sharded import Sharded
+from bppsa.scan._core.methods.auto import Auto
+from bppsa.scan._core.methods.base import JacobianMethod, Method
+from bppsa.scan._core.methods.blelloch import Blelloch
+from bppsa.scan._core.methods.blocked import Blocked
+from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.resolve import FORWARDS, METHODS, resolve, resolve_forward
+from bppsa.scan._core.methods.sequential import Sequential
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._core.methods.sharded import Sharded
 
 __all__ = [
     "FORWARDS",
@@ -28,6 +29,7 @@ __all__ = [
     "JacobianMethod",
     "Method",
     "Sequential",
+    "SequentialScan",
     "Sharded",
     "resolve",
     "resolve_forward",

@@ -2,7 +2,7 @@
 
 The backward methods trade memory for depth: ``Blelloch()`` forms about ``T`` dense products of
 ``n x n`` Jacobians, ``Chunked()`` keeps ``O(sqrt T)`` of them, a blocked sequential scan
-(``Blocked(Sequential(jacobians=True), K)``) none.
+(``Blocked(SequentialScan(), K)``) none.
 When the backward pass of a scan is about to be traced, the method's ``fit`` (see
 :class:`bppsa.Method`) estimates what it needs for that scan (its ``memory``, from the model
 here) and compares it with a limit (the user's ``memory_limit``, else the default device's

@@ -2,7 +2,8 @@
 
 :func:`prepare` does everything :func:`bppsa.scan` and :func:`bppsa.estimate_memory` share: it
 checks the arguments (those ``lax.scan`` rejects, in its words), traces the body once
-(:mod:`bppsa._core.body`), promotes weakly typed initial carries as ``lax.scan`` does, and reads
+(:mod:`bppsa.scan._core.body`), promotes weakly typed initial carries as ``lax.scan`` does, and
+reads
 the ``jax.vmap`` batch the scan is traced under. The resulting :class:`Problem` is what the
 methods see; its :attr:`Problem.footprint` is what ``Auto()`` and the memory guard weigh.
 """
@@ -18,11 +19,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bppsa._core import arguments, tracing
-from bppsa._core.body import Body, trace_body
-from bppsa._core.carry import BatchedLayout, Layout, is_float, unstacked
-from bppsa._core.memory import Footprint, footprint
-from bppsa.jacobians._stacked import steps_with_jacobians
+from bppsa.scan._core import arguments, tracing
+from bppsa.scan._core.body import Body, trace_body
+from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, unstacked
+from bppsa.scan._core.memory import Footprint, footprint
+from bppsa.scan._core.stacked import steps_with_jacobians
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

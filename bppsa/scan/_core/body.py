@@ -1,7 +1,7 @@
 """A scan's body, traced once: its closure-converted step and how its Jacobians are built.
 
 :func:`trace_body` runs the Python body ``f`` exactly once, while recording the calls of cells
-that know their transposed Jacobian (:mod:`bppsa._core.capture`), and closure-converts it
+that know their transposed Jacobian (:mod:`bppsa.scan._core.capture`), and closure-converts it
 (``jax.closure_convert``: closed-over arrays become explicit arguments, so the custom VJP can
 return their cotangents). Everything after that (the forward ``lax.scan``, the Jacobians of all
 steps, the VJP, shape checks) evaluates the traced program, not the Python function.
@@ -21,9 +21,9 @@ from typing import Any
 
 import jax
 
-from bppsa._core.capture import AnalyticJacobianWarning, match, recording
-from bppsa._core.carry import Layout, is_float
-from bppsa._core.dependence import depends_on
+from bppsa.scan._core.capture import AnalyticJacobianWarning, match, recording
+from bppsa.scan._core.carry import Layout, is_float
+from bppsa.scan._core.dependence import depends_on
 
 ANALYTIC, AUTODIFF = "analytic", "autodiff"
 

@@ -1,8 +1,10 @@
 """The derivatives of a Jacobian-based scan: a forward slot, a tangent scan, the method's backward.
 
 :func:`jacobian_scan` wires a scan as ``(consts, init, xs) -> (carry, ys)`` with a
-``jax.custom_jvp``. Its JVP rule runs the forward (:mod:`bppsa._core.forward`), keeping the carry
-that entered every step, and returns the tangents through :func:`bppsa._core.linear.linear_map`:
+``jax.custom_jvp``. Its JVP rule runs the forward (:mod:`bppsa.scan._core.forward`), keeping the
+carry
+that entered every step, and returns the tangents through
+:func:`bppsa.scan._core.linear.linear_map`:
 
 * evaluated (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``), the map is the tangent recurrence
   ``dh_t = J_t dh_{t-1} + u_t`` (``u_t`` what the step's inputs and parameters send), solved by
@@ -24,15 +26,53 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from bppsa._core import backward, debug
-from bppsa._core.carry import is_float, zero_cotangent
-from bppsa._core.forward import Forward
-from bppsa._core.linear import linear_map
+from bppsa.scan._core import backward, debug
+from bppsa.scan._core.carry import is_float, zero_cotangent
+from bppsa.scan._core.forward import Forward
+from bppsa.scan._core.linear import linear_map
+from bppsa.scan._core.methods import policy
+from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 if TYPE_CHECKING:
-    from bppsa._core.methods.base import Method
-    from bppsa._core.plans import ScanPlan
-    from bppsa._core.problem import Problem
+    from bppsa.scan._core.plans import ScanPlan
+    from bppsa.scan._core.problem import Problem
+
+
+def differentiable(
+    requested: Method,
+    concrete: Method,
+    problem: Problem,
+    forward: Forward,
+    *,
+    memory_limit: float | None,
+    check_finite: bool,
+    plan: ScanPlan | None = None,
+):
+    """The scan as a differentiable ``(consts, init, xs) -> (carry, ys)`` (``xs`` in time
+    order) that ``concrete`` runs: ``lax.scan`` itself for plain back-propagation, else
+    :func:`jacobian_scan` (``requested`` is the method the user asked for; a policy's
+    :func:`~bppsa.scan._core.methods.policy.fit` picks the backward when it is traced)."""
+    if not concrete.uses_jacobians:
+        if forward.sequential:
+
+            def run(consts, init, xs):  # JAX differentiates the lax.scan itself
+                return forward(problem, consts, init, xs, keep=False)
+
+            return run
+        # lax.scan's own derivatives need lax.scan's forward: back-propagate through the other
+        # forward's trajectory with the sequential scan over the Jacobians instead.
+        requested = SequentialScan()
+    else:
+        forward = concrete.forward_for(forward)
+    return jacobian_scan(
+        requested,
+        problem,
+        forward,
+        memory_limit=memory_limit,
+        check_finite=check_finite,
+        plan=plan,
+    )
 
 
 def jacobian_scan(
@@ -52,7 +92,7 @@ def jacobian_scan(
         problem: the prepared scan.
         forward: the forward slot.
         memory_limit: bytes (``None``: the default device's available memory).
-        check_finite: report the first non-finite step (see :mod:`bppsa._core.debug`).
+        check_finite: report the first non-finite step (see :mod:`bppsa.scan._core.debug`).
         plan: where to record the backward's method, if recording.
     """
     setup = _Setup(requested, problem, memory_limit, check_finite, plan)
@@ -104,7 +144,7 @@ class _Setup:
     def fitted(self) -> Method:
         """The concrete method for this scan (``requested.fit``), chosen once per scan: the
         whole-batch backward and the one-by-one path it may hand over to share it."""
-        return self.requested.fit(self.problem.footprint, self.memory_limit)
+        return policy.fit(self.requested, self.problem.footprint, self.memory_limit)
 
     def tangents(self, res, lin):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
@@ -138,7 +178,7 @@ class _Setup:
 
     def batched_cotangents(self, res, res_axes, cts, lin_axes):
         """:meth:`cotangents` of a whole ``jax.vmap`` batch at once (see
-        :func:`bppsa._core.linear.linear_map`), or ``None`` where the examples must be done
+        :func:`bppsa.scan._core.linear.linear_map`), or ``None`` where the examples must be done
         one by one: the backward runs on :meth:`Problem.batched_problem`, ``(T, B, ...)``
         arrays, so that the cotangents of the shared consts come out of one product over steps
         and examples. It needs consts shared by the batch (their values and tangents), and it

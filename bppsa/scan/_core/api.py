@@ -1,9 +1,9 @@
 """``bppsa.scan`` and ``bppsa.estimate_memory``: argument checks and wiring.
 
-Everything else has its own module: the options (:mod:`~bppsa._core.options`), the one trace of
-the body and the footprint (:mod:`~bppsa._core.problem`), the methods, which decide what runs
-and carry out the backward (:mod:`~bppsa._core.methods`), and the forward slot
-(:mod:`~bppsa._core.forward`).
+Everything else has its own module: the options (:mod:`~bppsa.scan._core.options`), the one trace of
+the body and the footprint (:mod:`~bppsa.scan._core.problem`), the methods, which decide what runs
+and carry out the backward (:mod:`~bppsa.scan._core.methods`), and the forward slot
+(:mod:`~bppsa.scan._core.forward`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 
-from bppsa._core import arguments, plans
-from bppsa._core.forward import Forward, SequentialForward
-from bppsa._core.methods import Auto, Method, resolve
-from bppsa._core.options import Options, current
-from bppsa._core.problem import prepare
+from bppsa.scan._core import arguments, plans, vjp
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.methods import Auto, Method, resolve
+from bppsa.scan._core.options import Options, current
+from bppsa.scan._core.problem import prepare
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -69,7 +69,7 @@ def scan(
         check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
             or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest
             step whose Jacobian is not finite and the latest step where a non-finite cotangent
-            arises (see :mod:`bppsa._core.debug`). ``None``: the setting of the enclosing
+            arises (see :mod:`bppsa.scan._core.debug`). ``None``: the setting of the enclosing
             :func:`bppsa.grad`, else False. Without it, non-finite values propagate as in
             ``jax.grad``.
         batch: examples this scan serves at once (what ``Auto()`` and the memory guard weigh);
@@ -120,10 +120,11 @@ def scan(
         batch=problem.batch,
         forward=forward,
     )
-    run = concrete.differentiable(
+    run = vjp.differentiable(
+        requested,
+        concrete,
         problem,
         forward,
-        requested=requested,
         memory_limit=options.memory_limit,
         check_finite=bool(options.check_finite),
         plan=plan,

@@ -8,10 +8,10 @@ from typing import Any
 
 import jax
 
-from bppsa._core import tracing
-from bppsa._core.forward import Forward
-from bppsa._core.methods import Method
-from bppsa._core.options import Options, ambient
+from bppsa.scan._core import tracing
+from bppsa.scan._core.forward import Forward
+from bppsa.scan._core.methods import Method
+from bppsa.scan._core.options import Options, ambient
 
 
 def value_and_grad(
@@ -62,7 +62,7 @@ def value_and_grad(
         ...     _ = bppsa.grad(loss, method="blelloch")(0.5)
         ...     _ = bppsa.grad(loss, method="sequential")(0.5)
         >>> [plan.method for plan in plans]
-        [Blelloch(), Sequential(jacobians=False)]
+        [Blelloch(), Sequential()]
     """
     options = Options.make(method, memory_limit, check_finite, forward)
     if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover

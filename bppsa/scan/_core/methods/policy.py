@@ -1,0 +1,50 @@
+"""Policy: which concrete method runs a scan within a memory limit, and the guard's error.
+
+What a method *is* lives in its own file (its linear scan); what runs for a given scan and
+memory limit is decided here. :func:`fit` is a ``functools.singledispatch`` function: a policy
+(``Auto``) registers its own rule beside its class, as a new structure query in lineax does.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from bppsa.scan._core import memory
+from bppsa.scan._core.memory import Footprint, MemoryLimitError, limit_message
+from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.fallbacks import FALLBACKS
+from bppsa.scan._core.methods.sequential import Sequential
+
+
+@functools.singledispatch
+def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None = None) -> Method:
+    """The method that runs the backward of a scan of footprint ``fp`` within ``limit`` bytes
+    (``None``: the default device's available memory): ``method`` itself, if it fits.
+
+    Raises:
+        MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
+    """
+    need = method.memory(fp)
+    limit_bytes = memory.available_bytes() if limit is None else limit
+    if need <= limit_bytes:
+        return method
+    raise memory_error(method, method, need, limit, limit_bytes, fp)
+
+
+def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
+    """The error for a backward that does not fit, listing the lower-memory methods that do."""
+    options = lower_memory(FALLBACKS, fp, need, limit_bytes)
+    message = limit_message(
+        requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp)
+    )
+    return MemoryLimitError(message, need, limit_bytes, options)
+
+
+def lower_memory(candidates, fp: Footprint, need: int, limit_bytes: float) -> list:
+    """``[(method, bytes)]`` of the ``candidates`` that need less than ``need`` and fit."""
+    options = []
+    for candidate in candidates:
+        bytes_ = candidate.memory(fp)
+        if bytes_ < need and bytes_ <= limit_bytes and candidate not in (c for c, _ in options):
+            options.append((candidate, bytes_))
+    return options
