@@ -41,23 +41,21 @@ _CACHE_SIZE = 32  # patterns of distinct geometries kept; VGG-11 has ~20 layers
 # argument checks (on static shapes only: they raise before any tracing)
 
 
-def _pair(value, name: str, *, minimum: int) -> tuple[int, int]:
-    """``value`` (an int or a pair of ints, each ``>= minimum``) as a pair of Python ints."""
+def pair(name: str, value, *, minimum: int) -> tuple[int, int]:
+    """``value`` (an int or a pair of ints, each ``>= minimum``) as a pair of Python ints.
+
+    Raises:
+        TypeError: not an int or a pair of ints.
+        ValueError: an int below ``minimum``.
+    """
     items = value if isinstance(value, tuple | list) else (value, value)
-    if len(items) != 2:
-        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}.")
-    out = []
-    for item in items:
-        if isinstance(item, bool):
-            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}.")
-        try:
-            item = operator.index(item)
-        except TypeError:
-            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}.") from None
-        if item < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value!r}.")
-        out.append(int(item))
-    return out[0], out[1]
+    if len(items) != 2 or not all(
+        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items
+    ):
+        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}.")
+    if min(items) < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}.")
+    return int(items[0]), int(items[1])
 
 
 def _static_mask(mask, shape: tuple[int, ...], name: str = "mask") -> np.ndarray | Array | None:
@@ -208,9 +206,9 @@ def conv2d_jacobian_t(
     out_ch, in_ch, kh, kw = (int(s) for s in shape)
     if min(shape) < 1:
         raise ValueError(f"weight must have non-empty dims, got shape {shape}.")
-    input_hw = _pair(input_hw, "input_hw", minimum=1)
-    stride = _pair(stride, "stride", minimum=1)
-    padding = _pair(padding, "padding", minimum=0)
+    input_hw = pair("input_hw", input_hw, minimum=1)
+    stride = pair("stride", stride, minimum=1)
+    padding = pair("padding", padding, minimum=0)
     padded = (input_hw[0] + 2 * padding[0], input_hw[1] + 2 * padding[1])
     if kh > padded[0] or kw > padded[1]:
         raise ValueError(
@@ -394,8 +392,8 @@ def maxpool2d_jacobian_t(
     if len(shape) != 4:
         raise ValueError(f"x must be 4-D (B, C, H, W), got shape {shape}.")
     _require_float(x, "x")
-    kernel = _pair(kernel_size, "kernel_size", minimum=1)
-    stride = kernel if stride is None else _pair(stride, "stride", minimum=1)
+    kernel = pair("kernel_size", kernel_size, minimum=1)
+    stride = kernel if stride is None else pair("stride", stride, minimum=1)
     batch, channels, H, W = shape
     if kernel[0] > H or kernel[1] > W:
         raise ValueError(f"kernel_size {kernel} is larger than the input {(H, W)}.")

@@ -26,23 +26,13 @@ from bppsa.jacobians._layers import (
     conv2d_jacobian_t,
     linear_jacobian_t,
     maxpool2d_jacobian_t,
+    pair,
     relu_jacobian_t,
 )
 
 Params = dict[str, Array]
 Mask = dict[str, Any] | None
 Shape = tuple[int, ...]
-
-
-def _pair(name: str, value, *, minimum: int) -> tuple[int, int]:
-    pair = (value, value) if not isinstance(value, tuple | list) else tuple(value)
-    if len(pair) != 2 or not all(
-        isinstance(v, int | np.integer) and not isinstance(v, bool) for v in pair
-    ):
-        raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}.")
-    if min(pair) < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}.")
-    return int(pair[0]), int(pair[1])
 
 
 def _positive_int(name: str, value) -> int:
@@ -154,7 +144,7 @@ class Conv2d(Layer):
         for name in ("in_channels", "out_channels"):
             object.__setattr__(self, name, _positive_int(name, getattr(self, name)))
         for name, minimum in (("kernel_size", 1), ("stride", 1), ("padding", 0)):
-            object.__setattr__(self, name, _pair(name, getattr(self, name), minimum=minimum))
+            object.__setattr__(self, name, pair(name, getattr(self, name), minimum=minimum))
 
     def param_shapes(self) -> dict[str, Shape]:
         kh, kw = self.kernel_size
@@ -271,8 +261,8 @@ class MaxPool2d(Layer):
     stride: int | tuple[int, int] | None = None
 
     def __post_init__(self):
-        kernel = _pair("kernel_size", self.kernel_size, minimum=1)
-        stride = kernel if self.stride is None else _pair("stride", self.stride, minimum=1)
+        kernel = pair("kernel_size", self.kernel_size, minimum=1)
+        stride = kernel if self.stride is None else pair("stride", self.stride, minimum=1)
         object.__setattr__(self, "kernel_size", kernel)
         object.__setattr__(self, "stride", stride)
 

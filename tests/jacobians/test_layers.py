@@ -364,31 +364,39 @@ W4 = jnp.zeros((2, 3, 3, 3))
 
 
 @pytest.mark.parametrize(
-    ("call", "match"),
+    ("call", "error", "match"),
     [
-        (lambda: conv2d_jacobian_t(jnp.zeros((2, 3, 3)), (5, 5)), "weight"),
-        (lambda: conv2d_jacobian_t(W4, (2, 5)), "weight"),
-        (lambda: conv2d_jacobian_t(jnp.zeros((2, 3, 6, 3)), (3, 3), padding=1), "weight"),
-        (lambda: conv2d_jacobian_t(W4, (5, 0)), "input_hw"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5, 5)), "input_hw"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=0), "stride"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=1.5), "stride"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=(1, 2, 3)), "stride"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), padding=-1), "padding"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), padding=True), "padding"),
-        (lambda: conv2d_jacobian_t(W4, (5, 5), mask=np.ones((2, 3, 3), bool)), "mask"),
-        (lambda: linear_jacobian_t(jnp.zeros(3)), "weight"),
-        (lambda: linear_jacobian_t(jnp.zeros((2, 3)), mask=np.ones((3, 2), bool)), "mask"),
-        (lambda: relu_jacobian_t(jnp.zeros(())), "x"),
-        (lambda: maxpool2d_jacobian_t(jnp.zeros((2, 4, 4)), 2), "x"),
-        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 5), "kernel_size"),
-        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 0), "kernel_size"),
-        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 2, (2, 0)), "stride"),
-        (lambda: identity_jacobian_t(0), "n"),
+        (lambda: conv2d_jacobian_t(jnp.zeros((2, 3, 3)), (5, 5)), ValueError, "weight"),
+        (lambda: conv2d_jacobian_t(W4, (2, 5)), ValueError, "weight"),
+        (
+            lambda: conv2d_jacobian_t(jnp.zeros((2, 3, 6, 3)), (3, 3), padding=1),
+            ValueError,
+            "weight",
+        ),
+        (lambda: conv2d_jacobian_t(W4, (5, 0)), ValueError, "input_hw"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5, 5)), TypeError, "input_hw"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=0), ValueError, "stride"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=1.5), TypeError, "stride"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), stride=(1, 2, 3)), TypeError, "stride"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), padding=-1), ValueError, "padding"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), padding=True), TypeError, "padding"),
+        (lambda: conv2d_jacobian_t(W4, (5, 5), mask=np.ones((2, 3, 3), bool)), ValueError, "mask"),
+        (lambda: linear_jacobian_t(jnp.zeros(3)), ValueError, "weight"),
+        (
+            lambda: linear_jacobian_t(jnp.zeros((2, 3)), mask=np.ones((3, 2), bool)),
+            ValueError,
+            "mask",
+        ),
+        (lambda: relu_jacobian_t(jnp.zeros(())), ValueError, "x"),
+        (lambda: maxpool2d_jacobian_t(jnp.zeros((2, 4, 4)), 2), ValueError, "x"),
+        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 5), ValueError, "kernel_size"),
+        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 0), ValueError, "kernel_size"),
+        (lambda: maxpool2d_jacobian_t(jnp.zeros((1, 2, 4, 4)), 2, (2, 0)), ValueError, "stride"),
+        (lambda: identity_jacobian_t(0), ValueError, "n"),
     ],
 )
-def test_errors(call, match):
-    with pytest.raises(ValueError, match=match):
+def test_errors(call, error, match):
+    with pytest.raises(error, match=match):
         call()
 
 
