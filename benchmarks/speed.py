@@ -72,7 +72,6 @@ from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's 
 from benchmarks._speed_cli import parse_args as _parse_args
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
-from bppsa.scan._core import cost
 from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
@@ -325,7 +324,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
         return None if seconds is None else 1e3 * seconds
 
     def model_ms(count):
-        seconds = _speed_model.model_seconds(count, cost.CPU)
+        seconds = _speed_model.model_seconds(count, bppsa.get_profile("cpu"))
         return None if seconds is None else 1e3 * seconds
 
     row["bp_floor_ms"] = floor_ms(bppsa.Sequential())

@@ -7,7 +7,8 @@ subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`v
 :class:`SequentialScan` and :class:`Sharded`
 (subclasses of :class:`Method`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
 and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
-:class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided) and
+:class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided), the measured
+constants of each backend (:class:`Profile`, :func:`get_profile`, :func:`set_profile`) and
 :class:`AnalyticJacobianWarning`.
 """
 
@@ -29,6 +30,7 @@ from bppsa.scan._core.methods import (
 )
 from bppsa.scan._core.newton import Newton, NewtonInfo
 from bppsa.scan._core.plans import ScanPlan, trace_plans
+from bppsa.scan._profile import Profile, get_profile, set_profile
 
 __version__ = "0.1.0"
 
@@ -43,15 +45,18 @@ __all__ = [
     "Method",
     "Newton",
     "NewtonInfo",
+    "Profile",
     "ScanPlan",
     "Sequential",
     "SequentialScan",
     "Sharded",
     "estimate_memory",
+    "get_profile",
     "grad",
     "jacobians",
     "models",
     "scan",
+    "set_profile",
     "trace_plans",
     "value_and_grad",
 ]

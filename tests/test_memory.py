@@ -10,7 +10,7 @@ import pytest
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
 from bppsa.scan._core import memory as _memory
-from bppsa.scan._core.methods.fallbacks import FALLBACKS
+from bppsa.scan._core.methods.fallbacks import fallbacks
 from tests.helpers import assert_trees_close
 
 H, B, T = 8, 4, 300
@@ -164,7 +164,7 @@ def test_automatic_method_raises_when_nothing_fits():
 
 def test_fit_prefers_the_largest_fallback_that_fits():
     fp = _memory.Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
-    estimates = {m: m.memory(fp) for m in FALLBACKS}
+    estimates = {m: m.memory(fp) for m in fallbacks()}
     chosen = bppsa.Blocked(bppsa.SequentialScan(), 2048)
     fallback = bppsa.Blocked(bppsa.SequentialScan(), 1024)
     smaller = bppsa.Blocked(bppsa.SequentialScan(), 256)

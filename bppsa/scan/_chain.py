@@ -27,13 +27,11 @@ from jax import Array
 from bppsa.scan._algorithms import combine
 from bppsa.scan._elements import Dense, MapStack
 from bppsa.scan._sparse import (
-    DENSIFY_DENSITY,
-    DENSIFY_PAIR_RATIO,
-    SPGEMM_METHOD,
     Pattern,
     Sparse,
     _dense_shape,
     plan_structures,
+    thresholds,
 )
 
 
@@ -253,8 +251,8 @@ def chain_plan(
     *,
     batch: int | None = None,
     per_example: Sequence[bool] | None = None,
-    densify_density: float = DENSIFY_DENSITY,
-    densify_pair_ratio: float = DENSIFY_PAIR_RATIO,
+    densify_density: float | None = None,
+    densify_pair_ratio: float | None = None,
 ) -> list[ChainRow]:
     """Every product :func:`chain_scan` forms for ``levels``, without running anything.
 
@@ -269,12 +267,14 @@ def chain_plan(
             else 1). Matrix-vector products form ``batch`` vectors.
         per_example: for patterns and tuples, whether the map is one per example (a ReLU's);
             maps given as a :class:`MapStack` say it by their shapes.
-        densify_density, densify_pair_ratio: the thresholds of a dense product.
+        densify_density, densify_pair_ratio: the thresholds of a dense product (``None``: the
+            default backend's :class:`bppsa.Profile`).
 
     Returns:
         One :class:`ChainRow` per product, operands before results.
     """
     _check_levels(levels)
+    limits = thresholds(densify_density, densify_pair_ratio)
     if per_example is not None and len(per_example) != len(maps):
         raise ValueError(f"per_example must have one bool per map ({len(maps)}).")
     symbols = [
@@ -311,7 +311,7 @@ def chain_plan(
     def mat(later: _Symbol, earlier: _Symbol, level: int) -> _Symbol:
         plan, out = plan_structures(
             (later.shape, later.csr), (earlier.shape, earlier.csr),
-            (later.copies, earlier.copies), densify_density, densify_pair_ratio, SPGEMM_METHOD,
+            (later.copies, earlier.copies), *limits,
         )  # fmt: skip
         index = add(
             level=level, sweep="up", kind=plan.kind, later_shape=later.shape,

@@ -28,16 +28,7 @@ import jax.numpy as jnp
 from jax import Array
 
 from bppsa.scan._pattern import expand_values
-
-# Structured.apply forms u^T products by a multiply-and-sum for at most this many rows of at
-# most this size (see there).
-SMALL_ROWS, SMALL_SIZE = 8, 64
-# and a sequential scan over them unrolls SMALL_UNROLL steps for at most SMALL_UNROLL_ROWS rows.
-SMALL_UNROLL, SMALL_UNROLL_ROWS = 4, 4
-# A sequential scan over tiled maps (reps > 1) unrolls this many steps for a single row.
-TILED_ONE_ROW_UNROLL = 2
-# Structured.apply folds the diagonal term into the matrix product for this many rows (see there).
-FOLDED_DIAGONAL_ROWS = (2, 16)
+from bppsa.scan._profile import get_profile
 
 
 class MapStack(abc.ABC):
@@ -235,14 +226,11 @@ class Structured(MapStack):
             scaled = self.d * v
         if self._small(v.shape):
             # A few small rows (a sequential scan's step at a small batch): one fused
-            # multiply-and-sum beats a matrix-product call (0.7 vs 1.3 ms for 10k steps of
-            # n = 20 at B = 1 on a 2-core CPU; the product wins from B = 16 on).
+            # multiply-and-sum beats a matrix-product call (the profile's small_rows).
             out = (scaled[..., :, None] * self.u.T).sum(-2)
         elif self._folds_diagonal(v.shape):
             # [d * tile(v), e * v] @ [u^T; I]: the diagonal term inside the product, one kernel
-            # less per step. 10k steps of the GRU's n = 20 on a 2-core CPU, folded / apart:
-            # 5.6 / 8.5 ms at B = 2, 7.4 / 10.7 at B = 4, 16.9 / 19.1 at B = 16, even at
-            # B = 32; at B = 1 apart wins (1.7 / 3.5 ms: XLA makes that product a fused loop).
+            # less per step (at one row XLA's fused loop of the product apart wins).
             folded = jnp.concatenate([scaled, self.e * v], axis=-1)
             return folded @ jnp.concatenate([self.u.T, jnp.eye(n, dtype=self.u.dtype)])
         else:
@@ -252,22 +240,22 @@ class Structured(MapStack):
         return out
 
     def _small(self, shape) -> bool:
-        return self.reps == 1 and self.size <= SMALL_SIZE and math.prod(shape[:-1]) <= SMALL_ROWS
+        profile = get_profile()
+        rows = math.prod(shape[:-1])
+        return self.reps == 1 and self.size <= profile.small_size and rows <= profile.small_rows
 
     def _folds_diagonal(self, shape) -> bool:
-        low, high = FOLDED_DIAGONAL_ROWS
+        low, high = get_profile().folded_diagonal_rows
         return self.e is not None and low <= math.prod(shape[:-1]) <= high
 
     def sequential_unroll(self, shape) -> int:
-        # The fused steps of one to four small rows are short enough that the loop's own
-        # overhead shows: unrolled 4 times, 10k steps of n = 20 take 0.65 instead of 0.78 ms at
-        # B = 1 and 1.49 instead of 1.61 ms at B = 4 (2-core CPU; at B = 8 2.78 against 2.61).
+        # The fused steps of a few small rows, or of one row of a tiled map, are short enough
+        # that the loop's own overhead shows.
+        profile = get_profile()
         rows = math.prod(shape[:-1])
-        if self._small(shape) and rows <= SMALL_UNROLL_ROWS:
-            return SMALL_UNROLL
-        # One row of the GRU's tiled map (n = 20, reps = 3): 10k steps in 1.50-1.65 instead of
-        # 1.76-1.78 ms unrolled twice (4 times: 2.6 ms); from two rows on it does not pay.
-        return TILED_ONE_ROW_UNROLL if self.reps > 1 and rows == 1 else 1
+        if self._small(shape) and rows <= profile.small_unroll_rows:
+            return profile.small_unroll
+        return profile.tiled_one_row_unroll if self.reps > 1 and rows == 1 else 1
 
     def apply_to_rows(self, y: Array) -> Array:
         # y A^T = (tile(y) * d) u^T + y * e: ONE (m*batch*c, p) @ (p, n) product.

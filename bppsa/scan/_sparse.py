@@ -30,14 +30,11 @@ from jax import Array
 
 from bppsa.scan._elements import Dense, MapStack, matmul
 from bppsa.scan._pattern import Pattern, expand_values
+from bppsa.scan._profile import get_profile
 
 # Re-exported, besides those used here: bppsa.scan._chain, tests and benchmarks import them.
 from bppsa.scan._spgemm import (  # noqa: F401
-    DENSIFY_DENSITY,
-    DENSIFY_PAIR_RATIO,
     METHODS,
-    SPGEMM_METHOD,
-    SPMV_METHOD,
     ProductPlan,
     _cached_plan,
     _pairs,
@@ -45,6 +42,7 @@ from bppsa.scan._spgemm import (  # noqa: F401
     plan_structures,
     product_plan,
     spgemm_values,
+    thresholds,
 )
 
 
@@ -101,13 +99,14 @@ class Sparse(MapStack):
 
     def apply(self, v: Array) -> Array:
         """SpMV: ``v: (m, *batch, n_cols) -> (m, *batch, n_rows)``, by default a gather over the
-        padded rows and a sum (no scatter; :data:`SPMV_METHOD`)."""
+        padded rows and a sum (no scatter; the profile's ``spmv_method``)."""
         return self._apply(v, extra=0)
 
     def apply_to_rows(self, y: Array) -> Array:
         return self._apply(y, extra=1)
 
-    def _apply(self, v: Array, extra: int, method: str = SPMV_METHOD) -> Array:
+    def _apply(self, v: Array, extra: int, method: str | None = None) -> Array:
+        method = get_profile().spmv_method if method is None else method
         values = expand_values(self.values, v.ndim - extra)
         if extra:
             values = jnp.expand_dims(values, tuple(range(-1 - extra, -1)))
@@ -125,7 +124,7 @@ class Sparse(MapStack):
     def plan(self, earlier: MapStack) -> ProductPlan:
         """The :class:`ProductPlan` of :meth:`then` (shared for the copies of the batch)."""
         if isinstance(earlier, Sparse):
-            return _cached_plan(self.pattern, earlier.pattern, SPGEMM_METHOD)
+            return _cached_plan(self.pattern, earlier.pattern, thresholds())
         return product_plan(self.pattern, _dense_shape(earlier))
 
     def then(self, earlier: MapStack) -> MapStack:

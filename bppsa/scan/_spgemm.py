@@ -4,8 +4,9 @@ What :class:`bppsa.scan._sparse.Sparse` runs, on values and :class:`~bppsa.scan.
 objects (never on ``Sparse`` elements): the symbolic phase (:class:`ProductPlan`,
 :func:`product_plan`, :func:`plan_structures`, the pair lists of :func:`_pairs`), the numeric
 phase (:func:`spgemm_values`, the SpMV :func:`_spmm_rows`) and the measured constants that choose
-among the kernels (:data:`SPGEMM_METHOD`, :data:`SPMV_METHOD`, :data:`DENSIFY_DENSITY`,
-:data:`DENSIFY_PAIR_RATIO`).
+among the kernels (the ``spgemm_method``, ``spmv_method``, ``densify_density`` and
+``densify_pair_ratio`` of the backend's :class:`bppsa.Profile`, measured by
+``benchmarks/sparse_kernels.py``).
 
 Algorithm summary of the fixed-pattern SpGEMM ``C = E @ L`` (``E`` the EARLIER map
 ``(n0, n1)``, ``L`` the LATER one ``(n1, n2)``), two-phase as scipy's SMMP (Bank & Douglas) and
@@ -19,13 +20,13 @@ cuSPARSE's "reuse" API:
   over the pairs padded per output entry to the longest list (``"padded"``: the pad points to
   an appended zero, no scatter), the same per bucket of entries whose counts round up to one
   power of two (``"bucketed"``: at most 2x padding, one permutation after), or by a flat
-  ``segment_sum`` (``"segment"``: a sorted scatter-add on XLA CPU). :data:`SPGEMM_METHOD`
+  ``segment_sum`` (``"segment"``: a sorted scatter-add on XLA CPU). The profile's ``spgemm_method``
   picks among them by the measurement. The entries' axis leads every gathered array (the
   "rows layout" of :func:`_spmm_rows`), so a gather copies all the examples of a batch at once.
 
-A product whose output is denser than :data:`DENSIFY_DENSITY` is returned as
+A product whose output is denser than the profile's ``densify_density`` is returned as
 :class:`~bppsa.scan.Dense` (the sparse numeric phase, then placed), one whose pairs are more than
-:data:`DENSIFY_PAIR_RATIO` of ``n0 n1 n2`` is a dense GEMM: :func:`product_plan` reports the
+``densify_pair_ratio`` of ``n0 n1 n2`` is a dense GEMM: :func:`product_plan` reports the
 decision for every product before it runs, products of a sparse and a dense map included.
 
 Memory: the symbolic phase keeps ``(pairs,)`` int32 lists (padded: ``(nnz_out, width)``
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -46,32 +46,8 @@ import scipy.sparse
 from jax import Array
 
 from bppsa.scan._pattern import Pattern, expand_values
+from bppsa.scan._profile import get_profile
 
-# Measured by benchmarks/sparse_kernels.py (results/sparse_kernels_cpu.json: XLA CPU, 2 cores,
-# JAX 0.10.2, float32, medians of 10 interleaved repeats after warm-up; the machine was shared,
-# so differences under ~20% are noise).
-#
-# The SpGEMM numeric phase (see _resolve): the padded sum where it pads nothing (a ReLU
-# diagonal (B=16) @ a pruned conv's J^T: 0.60 ms padded, 0.98 bucketed, 3.28 segment; a
-# max-pooling's: 0.22 / 0.49 / 0.79), the bucketed one for at most 2 pairs per entry (diagonal
-# plus neighbours: 3.40 / 3.57 segment and 4.68 / 14.2), else the segment sum (conv @ conv,
-# 6.7M pairs, 5x padding: 38.4 padded, 23.1 bucketed, 8.9 segment; per example, B=8: 298 /
-# 170 / 90; random patterns of width 4 and 6: segment ahead by 20-30%).
-SPGEMM_METHOD: Literal["auto", "padded", "bucketed", "segment"] = "auto"
-# SpMV on 16 vectors, segment vs padded, ms: conv J^T 1.22 / 1.62, 36.4 / 38.0, 32.3 / 42.4;
-# random 0.49 / 1.06. Both in the rows layout (:func:`_spmm_rows`); one float per gathered
-# index instead (the batch leading) took 40.8, 334, 271, 6.4.
-SPMV_METHOD: Literal["padded", "segment"] = "segment"
-# Stored dense above this output density. An output is used twice in the scan: one SpMV on
-# the batch (down-sweep) and one product with the next map (up-sweep). n = 1024, B = 16, the
-# next map a pruned conv's J^T, ms (SpMV + product): sparse 1.2 + 4.9 / dense 0.7 + 52.7 at
-# density 0.1; 8.0 + 64.7 / 0.8 + 106.5 at 0.3; 31.0 + 101.7 / 1.2 + 95.8 at 0.5. The SpMV
-# alone goes dense from 0.1 (n = 1024 and 4096), the product from 0.5.
-DENSIFY_DENSITY: float = 0.4
-# A GEMM (dense operands) above this ratio of pairs to n0 n1 n2. Random square products, ms
-# (segment / GEMM): n = 512: 0.55 / 1.33 at ratio 0.0024, 1.89 / 1.37 at 0.0098; n = 256:
-# 0.047 / 0.194 at 0.00084, 0.221 / 0.192 at 0.0098 (densifying the operands first included).
-DENSIFY_PAIR_RATIO: float = 0.005
 METHODS = ("padded", "bucketed", "segment")
 
 
@@ -134,9 +110,9 @@ def product_plan(
     batch: int = 1,
     later_per_example: bool = False,
     earlier_per_example: bool = False,
-    densify_density: float = DENSIFY_DENSITY,
-    densify_pair_ratio: float = DENSIFY_PAIR_RATIO,
-    method: str = SPGEMM_METHOD,
+    densify_density: float | None = None,
+    densify_pair_ratio: float | None = None,
+    method: str | None = None,
 ) -> ProductPlan:
     """The plan of ``earlier @ later``, symbolically (nothing is traced or listed pair by pair).
 
@@ -151,9 +127,11 @@ def product_plan(
         earlier: the EARLIER map, ``(n0, n1)``, likewise.
         batch: examples in the batch.
         later_per_example, earlier_per_example: whether the operand has one map per example.
-        densify_density, densify_pair_ratio: the thresholds of the dense output.
+        densify_density, densify_pair_ratio: the thresholds of the dense output (``None``:
+            the default backend's :class:`bppsa.Profile`).
         method: the SpGEMM numeric phase: ``"auto"`` (by the pairs per output entry, as
-            measured: see :data:`SPGEMM_METHOD`), ``"padded"``, ``"bucketed"`` or ``"segment"``.
+            measured), ``"padded"``, ``"bucketed"`` or ``"segment"`` (``None``: the profile's
+            ``spgemm_method``).
 
     Returns:
         A :class:`ProductPlan`.
@@ -161,6 +139,9 @@ def product_plan(
     Raises:
         ValueError: mismatched inner sizes, or an unknown ``method``.
     """
+    densify_density, densify_pair_ratio, method = thresholds(
+        densify_density, densify_pair_ratio, method
+    )
     if method not in ("auto", *METHODS):
         raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     if batch < 1:
@@ -264,8 +245,22 @@ def _longest(counts: np.ndarray) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_plan(later: Pattern, earlier: Pattern, method: str) -> ProductPlan:
-    return product_plan(later, earlier, method=method)
+def _cached_plan(later: Pattern, earlier: Pattern, thresholds: tuple) -> ProductPlan:
+    density, pair_ratio, method = thresholds
+    return product_plan(
+        later, earlier, densify_density=density, densify_pair_ratio=pair_ratio, method=method
+    )
+
+
+def thresholds(density=None, pair_ratio=None, method=None) -> tuple[float, float, str]:
+    """``(densify_density, densify_pair_ratio, spgemm_method)``: the given ones, the default
+    backend's :class:`bppsa.Profile` for ``None``."""
+    profile = get_profile()
+    return (
+        profile.densify_density if density is None else density,
+        profile.densify_pair_ratio if pair_ratio is None else pair_ratio,
+        profile.spgemm_method if method is None else method,
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -384,7 +379,7 @@ def _spmm_rows(pattern: Pattern, values: Array, x: Array, method: str) -> Array:
 
 
 def spgemm_values(
-    later_values: Array, earlier_values: Array, pairs: _Pairs, method: str = SPGEMM_METHOD
+    later_values: Array, earlier_values: Array, pairs: _Pairs, method: str = "auto"
 ) -> Array:
     """The numeric phase: the values ``(m, *vbatch, nnz_out)`` of ``E @ L`` in ``pairs.pattern``'s
     order, from the values ``(m, *vbatch, nnz)`` of both operands (batch dims broadcast).

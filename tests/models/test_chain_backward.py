@@ -230,8 +230,6 @@ def test_vgg11_pruned_to_97_percent_matches_back_propagation():
 
 
 def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
-    from bppsa.scan._core.methods.auto import CHAIN_SPARSE_COST
-
     chain, params, x, _ = problem(jnp.float32, 2)
     chain_method = bppsa.SequentialScan()
     for sparsity, expected in [(None, bppsa.Sequential()), (0.97, chain_method)]:
@@ -239,4 +237,4 @@ def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
         loss = lambda p, masks=masks: jnp.sum(chain.apply(p, x, masks=masks))
         with bppsa.trace_plans() as plans:
             jax.eval_shape(bppsa.grad(loss, method="auto"), params)
-        assert plans[0].method == expected, (sparsity, CHAIN_SPARSE_COST)
+        assert plans[0].method == expected, (sparsity, bppsa.get_profile().chain_sparse_cost)

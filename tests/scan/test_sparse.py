@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from bppsa.scan import Dense
+from bppsa.scan._profile import CPU
 from bppsa.scan._sparse import (
-    DENSIFY_DENSITY,
-    DENSIFY_PAIR_RATIO,
     METHODS,
     Pattern,
     Sparse,
@@ -100,7 +99,7 @@ def test_then_matches_dense_and_reports_its_format(densities, later_batch, earli
     expected = matmul(dense_of(earlier), dense_of(later))
     assert_close(product.to_dense().a, expected, dtype)
     if plan.format == "sparse":
-        assert plan.density <= DENSIFY_DENSITY and product.pattern.nnz == plan.nnz_out
+        assert plan.density <= CPU.densify_density and product.pattern.nnz == plan.nnz_out
 
 
 def test_densify_decision_follows_the_measured_thresholds():
@@ -113,7 +112,9 @@ def test_densify_decision_follows_the_measured_thresholds():
     crowded = product_plan(
         random_pattern(rng, (400, 400), 0.05), random_pattern(rng, (400, 400), 0.05)
     )
-    assert crowded.density > DENSIFY_DENSITY and crowded.pairs / 400**3 <= DENSIFY_PAIR_RATIO
+    assert (
+        crowded.density > CPU.densify_density and crowded.pairs / 400**3 <= CPU.densify_pair_ratio
+    )
     assert (crowded.format, crowded.method) == ("dense", "segment")
     # Many pairs: a GEMM.
     full = product_plan(random_pattern(rng, (50, 50), 0.5), random_pattern(rng, (50, 50), 0.5))

@@ -18,9 +18,8 @@ This is the rule by which ``Auto()`` chooses on accelerators (see
 * ``SequentialScan()``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
 * ``Blocked(m, K)``: ``ceil(T / K)`` times ``m`` on ``K`` steps.
 
-The accelerator profile is an ASSUMPTION until a device has run ``benchmarks/gpu.sh``: an
-H200 at about 67 TFLOP/s in float32 without tensor cores, 4.8 TB/s, and 5 µs per dependent
-kernel (launch and synchronization at these small sizes).
+The rates are those of the backend's :class:`bppsa.Profile` (:mod:`bppsa.scan._profile`); the
+accelerator one is an ASSUMPTION until a device has run ``benchmarks/gpu.sh``.
 """
 
 from __future__ import annotations
@@ -28,44 +27,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-
 from bppsa.scan._core.memory import Footprint
+from bppsa.scan._profile import Profile, get_profile
 
 KERNELS_PER_LEVEL = 3  # a Blelloch level: the products, the offsets, the interleave
-
-
-@dataclasses.dataclass(frozen=True)
-class Profile:
-    """A device, as the cost model sees it.
-
-    Attributes:
-        name: what it is (and whether its numbers are measured or assumed).
-        flops: float32 operations per second.
-        bandwidth: bytes per second of device memory.
-        step_latency: seconds per dependent step (kernel launch and synchronization).
-    """
-
-    name: str
-    flops: float
-    bandwidth: float
-    step_latency: float
-
-
-H200 = Profile("NVIDIA H200 (assumed: 67 TFLOP/s, 4.8 TB/s, 5 us per step)", 67e12, 4.8e12, 5e-6)
-PROFILES = {"gpu": H200, "cuda": H200, "rocm": H200, "tpu": H200}
-# This project's 2-core CPU, fitted to the kernels, flops and bytes that benchmarks/hlo_cost.py
-# counts in the compiled backward passes of a speed run (benchmarks/fit_profile.py, which also
-# reports the error on every row). Auto() does not choose by it on CPUs (it uses the measured
-# rules of methods/auto.py); the speed benchmark prints its predictions beside the measurements.
-# Fitted to benchmarks/results/floor2/cpu_b{1,16}_run{1,2,3}.json and cpu_long_b{1,16}.json
-# (96 backward passes: BP and Auto, RNN and GRU, T = 100 to 1M, B = 1 and 16): measured / model
-# median 0.88, quartiles 0.70-1.40, range 0.45-3.76; the largest misses are BP's long
-# sequences, whose calls fault in their temporary buffers anew (the model counts no page
-# faults) (benchmarks/results/floor2/cpu_profile_fit.json).
-CPU = Profile(
-    "2-core CPU (fitted: 31.2 GFLOP/s, 84.0 GB/s, 41.2 ns per kernel)", 31.2e9, 84.0e9, 41.2e-9
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +115,9 @@ def footprint_of(length: int, size: int, batch: int, element: int | None = None)
 
 
 def profile_of(backend: str | None = None) -> Profile:
-    """The profile of ``backend`` (default: JAX's default backend; an H200 where none is known)."""
-    return PROFILES.get(backend or jax.default_backend(), H200)
+    """The profile of ``backend`` (default: JAX's default backend; see
+    :func:`bppsa.get_profile`)."""
+    return get_profile(backend)
 
 
 def sequential_forward(fp: Footprint) -> Cost:

@@ -210,9 +210,8 @@ def _autodiff_map(chain, layer, p, x, mask) -> Dense:
 
 def _param_cotangent(chain, layer, p, x, mask, g_out):
     # A pruned weight's cotangent is the dense VJP of the masked layer (exactly zero where
-    # masked). Gathering only the unmasked entries' patches was measured slower on a 2-core
-    # CPU at 97% pruning, B = 16: 52 vs 7.4 ms (conv 64->128 at 16x16), 95 vs 16 ms
-    # (256->256 at 8x8), 81 vs 32 ms (512->512 at 4x4); at par only for tiny layers.
+    # masked): gathering only the unmasked entries' patches was measured slower, even at 97%
+    # pruning (experiments/pruned_vgg11.py benchmark).
     if not jax.tree.leaves(p):
         return jax.tree.map(jnp.zeros_like, p)
     y, vjp = jax.vjp(lambda p: chain.call_layer(layer, p, x, mask), p)

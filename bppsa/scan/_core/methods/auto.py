@@ -5,60 +5,16 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import jax
-
 from bppsa.scan._core import cost, memory
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import LayerScan, Method
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
-from bppsa.scan._core.methods.fallbacks import FALLBACKS
+from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-
-# Auto() on CPUs. Blocks of about CPU_BLOCK_WORK / work steps ("work": Jacobian floats per step
-# summed over the vmapped batch; a power of two within CPU_BLOCK_STEPS) keep a block's arrays in
-# cache while amortizing a block's fixed costs (its ~25 kernels cost about 5 us each at small
-# batches). Measured at T = 10k, H = 20 (benchmarks/speed.py's problem, backward medians of 7
-# interleaved rounds, three processes each, 2-core CPU): the GRU at B = 1 2.85-3.76 ms with blocks
-# of 8192 against 3.76-4.06 ms with 1024, at B = 16 31.1-32.7 ms with 512 against 36.5-39.5 ms with
-# 256; the RNN at B = 1 and B = 16 within the spread either way (8192 vs 1024: 1.83-2.29 vs
-# 1.83-1.95 ms; 2048 vs 1024: 13.2-18.3 vs 12.8-20.8 ms). Back-propagation itself is faster for
-# large batches: above CPU_PARALLEL_WORK; from CPU_LONG steps on, structured Jacobians (fewer floats
-# than n^2 per step) stay parallel up to CPU_PARALLEL_STATE carry floats per step (batch x n)
-# instead, because the saving grows with T while a block's fixed costs do not. Measured with
-# benchmarks/speed.py on a 2-core CPU (BP backward / Auto's parallel pick, medians): GRU H = 20,
-# B = 16: 0.40x at T = 100, 0.84x at T = 1000, 1.8x at T = 10k; B = 32 at T = 10k: 1.18x; RNN
-# H = 20, B = 16 1.7x at T = 100; at T = 10k the RNN B = 128 1.24x, B = 256 0.77-1.0x; three
-# processes each, single input: GRU B = 16 with blocks of 512 at T = 2000 1.03-1.41x (BP kept below
-# CPU_LONG), at T = 3000 1.47-1.98x; RNN at T = 2500 B = 64 (blocks of 512) 1.77-1.91x, B = 128
-# (256) 0.98-1.15x. The LSTM's dense (40 x 40) Jacobians: 0.5x at B = 1. With CPU_INPUTS floats or
-# more of xs per step (features rather than the benchmark's single bit), BP's loop carries the input
-# weights' cotangents too, and structured Jacobians stay parallel from CPU_INPUTS_LENGTH steps up to
-# CPU_INPUTS_STATE[0] carry floats per step over the batch, from twice as many steps up to
-# CPU_INPUTS_STATE[1]. Measured (GRU H = 20, backward medians, 2-core CPU; three runs of the IRMAS
-# breakdown, S / M / L = T 259 / 517 / 1034 with F = 38 / 24 / 12): B = 16
-# 1.46-1.79x / 1.46-1.91x / 1.45-2.10x, B = 32 1.49-1.61x / 1.63-1.68x / 1.33-1.78x, B = 64
-# 0.94-1.44x / 1.45-1.60x / 2.07-2.40x; T = 1000, B = 16: F = 2 1.94x, F = 4 1.8-2.0x (F = 1
-# 0.75-1.4x); T = 300, B = 32: F = 2 1.14x, F = 8 1.41x; F = 8 at T = 100, B = 16 1.01x and at
-# T = 300, B = 128 0.95x.
-CPU_BLOCK_WORK = 2**20
-CPU_BLOCK_STEPS = (64, 8192)
-CPU_PARALLEL_WORK = 1024
-CPU_PARALLEL_STATE = 4096
-CPU_LONG = 2048
-CPU_INPUTS, CPU_INPUTS_LENGTH, CPU_INPUTS_STATE = 2, 256, (640, 1280)
-
-# Auto() on a chain of layers: what a multiply-add of the sequential sparse chain (gathers and
-# a segmented sum) costs in units of one of the dense backward's convolutions. Measured on
-# VGG-11 at 32x32 on a 2-core CPU (backward = grad - forward, medians of 7 interleaved rounds):
-# the dense/sparse multiply-add ratio of the convolutions and the measured backward speedup
-# of the sparse chain over jax.grad were 13.4 -> 0.75x (B = 1), 1.2x (B = 4), 1.9x (B = 16)
-# at 90% pruning; 44 -> 3.0-3.2x at 97%; 133 -> 5.1-9.4x at 99%. The break-even ratio is thus
-# about 10-18; 15 keeps dense back-propagation at 90% and takes the chain from ~91% on
-# (VGG-11, 32x32, layer pruning: the ratio is 13.4 at 90%, 16.7 at 92%, 44.6 at 97%).
-CHAIN_SPARSE_COST = 15.0
+from bppsa.scan._profile import Profile, get_profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +42,20 @@ class Auto(Method):
         Blelloch()
     """
 
+    profile: Profile | None = None
     name: ClassVar[str] = "auto"
     chain_needs_work: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise TypeError(
+                f"Auto: profile must be a bppsa.Profile or None, got {type(self.profile).__name__}."
+            )
+
+    def profile_for(self, backend: str | None = None) -> Profile:
+        """The profile this policy chooses by on ``backend``: its own, else the backend's
+        (:func:`bppsa.get_profile`)."""
+        return self.profile or get_profile(backend)
 
     def choose(
         self,
@@ -114,9 +82,10 @@ class Auto(Method):
         Returns:
             A concrete method; ``Sequential()`` means plain back-propagation.
         """
-        if not _on_cpu(backend):
-            return _fastest(ACCELERATOR_CHOICES, length, size, backend, batch, element)
-        if not _parallel_pays_on_cpu(length, size, batch, _element(size, element), inputs):
+        profile = self.profile_for(backend)
+        if not profile.measured_rules:
+            return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element)
+        if not _parallel_pays(profile, length, size, batch, _element(size, element), inputs):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -130,11 +99,12 @@ class Auto(Method):
         element: int | None = None,
     ) -> Method:
         """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
-        if not _on_cpu(backend):
-            return _fastest(ACCELERATOR_CHOICES[1:], length, size, backend, batch, element)
+        profile = self.profile_for(backend)
+        if not profile.measured_rules:
+            return _fastest(ACCELERATOR_CHOICES[1:], length, size, profile, batch, element)
         work = max(batch * _element(size, element), 1)
-        low, high = CPU_BLOCK_STEPS
-        block = min(max(1 << (max(CPU_BLOCK_WORK // work, 1).bit_length() - 1), low), high)
+        low, high = profile.block_steps
+        block = min(max(1 << (max(profile.block_work // work, 1).bit_length() - 1), low), high)
         return Blocked(SequentialScan(), block)
 
     def predictions(
@@ -154,7 +124,8 @@ class Auto(Method):
             >>> min(times, key=times.get)
             Sequential()
         """
-        return _predicted(ACCELERATOR_CHOICES, length, size, backend, batch, element)
+        profile = self.profile_for(backend)
+        return _predicted(ACCELERATOR_CHOICES, length, size, profile, batch, element)
 
     def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
         """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
@@ -179,7 +150,7 @@ class Auto(Method):
         limit_bytes = memory.available_bytes() if limit is None else limit
         if need <= limit_bytes:
             return chosen
-        options = policy.lower_memory(FALLBACKS, fp, need, limit_bytes)
+        options = policy.lower_memory(fallbacks(self.profile_for(backend)), fp, need, limit_bytes)
         if options:
             return options[0][0]
         raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp)
@@ -189,10 +160,12 @@ class Auto(Method):
 
     def for_chain(self, work=None):
         """The sequential sparse chain where the pruning makes it cheaper than dense
-        back-propagation by the measured margin, else plain back-propagation (JAX's autodiff
-        of the forward); see :data:`CHAIN_SPARSE_COST`. The parallel levels' filled-in products
-        never paid on a CPU (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
-        if work is not None and CHAIN_SPARSE_COST * work.sparse < work.dense:
+        back-propagation by the measured margin (the profile's ``chain_sparse_cost``), else
+        plain back-propagation (JAX's autodiff of the forward). The parallel levels' filled-in
+        products never paid on a CPU (``experiments/pruned_vgg11.py benchmark``); they are not
+        chosen."""
+        cost_ratio = self.profile_for().chain_sparse_cost
+        if work is not None and cost_ratio * work.sparse < work.dense:
             return LayerScan(levels=0)
         return LayerScan(autodiff=True)
 
@@ -205,32 +178,29 @@ def _fit(method: Auto, fp, limit, backend=None):
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
 
 
-def _predicted(candidates, length, size, backend, batch, element) -> dict[Method, float]:
-    """Predicted seconds of each candidate on ``backend``'s profile (an H200 where none is
-    known)."""
-    fp, profile = cost.footprint_of(length, size, batch, element), cost.profile_of(backend)
+def _predicted(candidates, length, size, profile, batch, element) -> dict[Method, float]:
+    """Predicted seconds of each candidate on ``profile``."""
+    fp = cost.footprint_of(length, size, batch, element)
     return {m: m.cost(fp).seconds(profile) for m in candidates}
 
 
-def _fastest(candidates, length, size, backend, batch, element) -> Method:
-    times = _predicted(candidates, length, size, backend, batch, element)
+def _fastest(candidates, length, size, profile, batch, element) -> Method:
+    times = _predicted(candidates, length, size, profile, batch, element)
     return min(times, key=times.get)
 
 
-def _parallel_pays_on_cpu(length: int, size: int, batch: int, element: int, inputs: int) -> bool:
-    if batch * element <= CPU_PARALLEL_WORK:
+def _parallel_pays(p: Profile, length: int, size: int, batch: int, element: int, inputs: int):
+    """Whether the blocked scan over the Jacobians beats back-propagation, by ``p``'s measured
+    thresholds (see :class:`bppsa.Profile`)."""
+    if batch * element <= p.parallel_work:
         return True
     if element >= size * size:  # dense Jacobians: the chain's steps are full products
         return False
-    if length >= CPU_LONG:  # structured: cheap chain steps, a saving that grows with T
-        return batch * size <= CPU_PARALLEL_STATE
-    if inputs < CPU_INPUTS or length < CPU_INPUTS_LENGTH:
+    if length >= p.long:  # structured: cheap chain steps, a saving that grows with T
+        return batch * size <= p.parallel_state
+    if inputs < p.inputs or length < p.inputs_length:
         return False
-    return batch * size <= CPU_INPUTS_STATE[length >= 2 * CPU_INPUTS_LENGTH]
-
-
-def _on_cpu(backend: str | None) -> bool:
-    return (jax.default_backend() if backend is None else backend) == "cpu"
+    return batch * size <= p.inputs_state[length >= 2 * p.inputs_length]
 
 
 def _element(size: int, element: int | None) -> int:

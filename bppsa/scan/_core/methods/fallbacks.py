@@ -1,16 +1,22 @@
 """The lower-memory methods the memory guard offers (``Auto()`` takes the first that fits)."""
 
+from __future__ import annotations
+
+from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._profile import Profile, get_profile
 
-CPU_BLOCK = 1024  # steps per block of the lower-memory fallbacks
 
-# In this order of preference: the larger (more parallel) ones first.
-FALLBACKS = (
-    Chunked(),
-    Blocked(Chunked(), CPU_BLOCK),
-    Blocked(SequentialScan(), CPU_BLOCK),
-    Blocked(SequentialScan(), 256),
-    Blocked(SequentialScan(), 64),
-)
+def fallbacks(profile: Profile | None = None) -> tuple[Method, ...]:
+    """The lower-memory methods in order of preference, the larger (more parallel) ones first,
+    in blocks of ``profile.fallback_block`` steps (default: the default backend's profile)."""
+    block = (profile or get_profile()).fallback_block
+    return (
+        Chunked(),
+        Blocked(Chunked(), block),
+        Blocked(SequentialScan(), block),
+        Blocked(SequentialScan(), 256),
+        Blocked(SequentialScan(), 64),
+    )

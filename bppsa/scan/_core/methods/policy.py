@@ -12,7 +12,7 @@ import functools
 from bppsa.scan._core import memory
 from bppsa.scan._core.memory import Footprint, MemoryLimitError, limit_message
 from bppsa.scan._core.methods.base import Method
-from bppsa.scan._core.methods.fallbacks import FALLBACKS
+from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
 
 
@@ -33,7 +33,7 @@ def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
     """The error for a backward that does not fit, listing the lower-memory methods that do."""
-    options = lower_memory(FALLBACKS, fp, need, limit_bytes)
+    options = lower_memory(fallbacks(), fp, need, limit_bytes)
     message = limit_message(
         requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp)
     )

@@ -1,0 +1,159 @@
+"""Every constant fitted to a machine, one profile per backend, in one place.
+
+A :class:`Profile` holds what ``bppsa`` measured rather than derived: the cost model's rates,
+``Auto()``'s thresholds on CPUs, the element kernels' small-size switches and the sparse
+kernels' choices. :data:`CPU` was measured on this project's 2-core CPUs; :data:`GPU` is an
+H200 as ASSUMED until a device runs ``benchmarks/gpu.sh``. Each field names, in a comment, the
+benchmark and the result file that measured it; the measurements themselves are on the
+Performance page of the documentation.
+
+:func:`set_profile` replaces a backend's profile (e.g. one fitted by
+``python -m benchmarks.fit_profile`` on another machine) and :func:`get_profile` reads it; like
+``jax.config``, a new profile applies to what is traced after the call (an already-jitted
+function keeps its trace). ``bppsa.Auto(profile=...)`` chooses by another profile for one
+scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The measured constants of one backend.
+
+    Attributes:
+        name: what the profile describes (and whether its numbers are measured or assumed).
+        flops, bandwidth, step_latency: the cost model's float32 operations per second, bytes
+            per second of device memory and seconds per dependent kernel
+            (:mod:`bppsa.scan._core.cost`).
+        measured_rules: whether ``Auto()`` chooses by the thresholds below (CPUs) rather than
+            by the cost model's predictions (accelerators).
+        block_work, block_steps: ``Auto()``'s time blocks hold about ``block_work`` Jacobian
+            floats (summed over the batch), as a power of two within ``block_steps``.
+        parallel_work: ``Auto()`` scans the Jacobians up to this many Jacobian floats per step
+            over the batch, whatever the rest.
+        long, parallel_state: from ``long`` steps, structured Jacobians stay parallel up to
+            ``parallel_state`` carry floats per step over the batch.
+        inputs, inputs_length, inputs_state: with ``inputs`` floats of ``xs`` per step or more,
+            structured Jacobians stay parallel from ``inputs_length`` steps up to
+            ``inputs_state[0]`` carry floats over the batch, from twice as many steps up to
+            ``inputs_state[1]``.
+        chain_sparse_cost: a multiply-add of the sequential sparse chain over layers, in units
+            of one of the dense backward's; ``Auto()`` takes the chain where it wins by it.
+        fallback_block: steps per block of the memory guard's lower-memory methods.
+        small_rows, small_size: ``Structured.apply`` multiplies-and-sums for at most
+            ``small_rows`` rows of at most ``small_size`` floats.
+        small_unroll, small_unroll_rows: a sequential scan over such maps unrolls
+            ``small_unroll`` steps for at most ``small_unroll_rows`` rows.
+        tiled_one_row_unroll: steps a sequential scan over tiled maps unrolls for one row.
+        folded_diagonal_rows: ``Structured.apply`` folds its diagonal term into the product
+            for this range of rows.
+        spgemm_method, spmv_method: the sparse kernels' numeric phases.
+        densify_density: a sparse product is stored dense above this output density.
+        densify_pair_ratio: a sparse product runs as a GEMM above this ratio of matched pairs
+            to ``n0 n1 n2``.
+        newton_iterations: the Newton iterations ``AutoForward()`` expects when it predicts
+            the parallel forward's time.
+    """
+
+    name: str
+    flops: float
+    bandwidth: float
+    step_latency: float
+    measured_rules: bool = False
+    # benchmarks/speed.py, benchmarks/results/floor4/cpu_b{1,16}_run{1,2,3}.json
+    block_work: int = 2**20
+    block_steps: tuple[int, int] = (64, 8192)
+    # benchmarks/speed.py, benchmarks/results/cpu_full_v2.json and floor3/
+    parallel_work: int = 1024
+    long: int = 2048
+    parallel_state: int = 4096
+    # experiments/gru_irmas.py breakdown (the IRMAS page of the docs) and benchmarks/speed.py
+    inputs: int = 2
+    inputs_length: int = 256
+    inputs_state: tuple[int, int] = (640, 1280)
+    # experiments/pruned_vgg11.py benchmark, benchmarks/results/pruned_vgg11/benchmark_*.json
+    chain_sparse_cost: float = 15.0
+    # tests/test_memory.py's limits; benchmarks/speed.py memory columns
+    fallback_block: int = 1024
+    # benchmarks/speed.py (B = 1 to 16, H = 20), benchmarks/results/floor4/ and floor5/
+    small_rows: int = 8
+    small_size: int = 64
+    small_unroll: int = 4
+    small_unroll_rows: int = 4
+    tiled_one_row_unroll: int = 2
+    folded_diagonal_rows: tuple[int, int] = (2, 16)
+    # benchmarks/sparse_kernels.py, benchmarks/results/sparse_kernels_cpu.json
+    spgemm_method: str = "auto"
+    spmv_method: str = "segment"
+    densify_density: float = 0.4
+    densify_pair_ratio: float = 0.005
+    # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
+    newton_iterations: int = 15
+
+    def __post_init__(self):
+        for field in ("flops", "bandwidth", "step_latency"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"Profile: {field} must be a positive number, got {value!r}.")
+        if self.spgemm_method not in ("auto", "padded", "bucketed", "segment"):
+            raise ValueError(
+                "Profile: spgemm_method must be 'auto', 'padded', 'bucketed' or 'segment', got "
+                f"{self.spgemm_method!r}."
+            )
+        if self.spmv_method not in ("padded", "segment"):
+            raise ValueError(
+                f"Profile: spmv_method must be 'padded' or 'segment', got {self.spmv_method!r}."
+            )
+
+
+# The 2-core CPUs of this project. The rates: python -m benchmarks.fit_profile over
+# benchmarks/results/floor2/cpu_b{1,16}_run{1,2,3}.json and cpu_long_b{1,16}.json
+# (benchmarks/results/floor2/cpu_profile_fit.json).
+CPU = Profile(
+    "2-core CPU (fitted: 31.2 GFLOP/s, 84.0 GB/s, 41.2 ns per kernel)",
+    31.2e9,
+    84.0e9,
+    41.2e-9,
+    measured_rules=True,
+)
+# Assumed until benchmarks/gpu.sh has run on one: an H200 without tensor cores.
+GPU = Profile("NVIDIA H200 (assumed: 67 TFLOP/s, 4.8 TB/s, 5 us per step)", 67e12, 4.8e12, 5e-6)
+
+_DEFAULTS = {"cpu": CPU}
+_profiles: dict[str, Profile] = {}
+
+
+def get_profile(backend: str | None = None) -> Profile:
+    """The profile of ``backend`` (``"cpu"``, ``"gpu"``, ...; default: JAX's default backend):
+    the one :func:`set_profile` gave, else the built-in one (:data:`GPU` for any accelerator).
+    """
+    backend = backend or jax.default_backend()
+    return _profiles.get(backend) or _DEFAULTS.get(backend, GPU)
+
+
+def set_profile(backend: str, profile: Profile | None) -> None:
+    """Makes ``profile`` the profile of ``backend`` for everything traced from now on
+    (``None``: back to the built-in one).
+
+    Example:
+        >>> import dataclasses
+        >>> slow = dataclasses.replace(bppsa.get_profile("cpu"), parallel_work=0)
+        >>> bppsa.set_profile("cpu", slow)
+        >>> bppsa.set_profile("cpu", None)
+
+    Raises:
+        TypeError: ``profile`` is not a :class:`Profile`, or ``backend`` not a string.
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a string such as 'cpu', got {type(backend).__name__}.")
+    if profile is None:
+        _profiles.pop(backend, None)
+        return
+    if not isinstance(profile, Profile):
+        raise TypeError(f"profile must be a bppsa.Profile, got {type(profile).__name__}.")
+    _profiles[backend] = profile

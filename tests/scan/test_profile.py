@@ -1,0 +1,73 @@
+"""The measured constants in one place: profiles per backend, overridable, read by Auto() and
+the kernels."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import bppsa
+from bppsa.models import RNN, rnn_cell
+from bppsa.scan import _profile
+
+
+@pytest.fixture
+def restore_cpu_profile():
+    yield
+    bppsa.set_profile("cpu", None)
+
+
+def test_each_backend_has_a_profile():
+    assert bppsa.get_profile("cpu") is _profile.CPU and _profile.CPU.measured_rules
+    assert bppsa.get_profile("gpu") is _profile.GPU and not _profile.GPU.measured_rules
+    assert bppsa.get_profile("tpu") is _profile.GPU
+    assert bppsa.get_profile() is bppsa.get_profile(jax.default_backend())
+
+
+def test_set_profile_changes_what_auto_picks(restore_cpu_profile):
+    default = bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20)
+    assert isinstance(default, bppsa.Blocked)
+    bppsa.set_profile("cpu", dataclasses.replace(_profile.CPU, block_work=2**16))
+    assert bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20).block < default.block
+    bppsa.set_profile("cpu", None)
+    assert bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20) == default
+
+
+def test_auto_chooses_by_its_own_profile():
+    # The CPU's measured thresholds on a "gpu" backend, and the cost model on a "cpu" one.
+    on_gpu = bppsa.Auto(profile=_profile.CPU).choose(10_000, 20, "gpu", batch=16, element=20)
+    assert on_gpu == bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
+    on_cpu = bppsa.Auto(profile=_profile.GPU).choose(10_000, 20, "cpu", batch=16, element=20)
+    assert on_cpu == bppsa.Blelloch()
+    assert bppsa.Auto(profile=_profile.CPU) != bppsa.Auto()  # a different key for jax.jit
+
+
+def test_a_profile_reaches_the_kernels(restore_cpu_profile):
+    # A sequential scan over the RNN's structured maps at B = 1 unrolls the profile's
+    # small_unroll steps: the compiled loop differs with it.
+    params = RNN().init(2, 4, key=jax.random.key(0))
+
+    def loss(params):
+        body = lambda h, x: (rnn_cell(params, h, x), None)
+        return bppsa.scan(body, jnp.zeros(4), jnp.ones((50, 2)))[0].sum()
+
+    texts = []
+    for unroll in (1, 5):
+        bppsa.set_profile("cpu", dataclasses.replace(_profile.CPU, small_unroll=unroll))
+        grad = jax.jit(bppsa.grad(loss, method=bppsa.SequentialScan()))
+        texts.append(grad.lower(params).as_text())
+    assert texts[0] != texts[1]
+
+
+def test_bad_profiles_are_refused():
+    with pytest.raises(ValueError, match="flops must be a positive number"):
+        bppsa.Profile("x", 0.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="spmv_method"):
+        bppsa.Profile("x", 1.0, 1.0, 1.0, spmv_method="dense")
+    with pytest.raises(TypeError, match=r"profile must be a bppsa\.Profile"):
+        bppsa.set_profile("cpu", {"flops": 1.0})
+    with pytest.raises(TypeError, match="backend must be a string"):
+        bppsa.set_profile(None, _profile.CPU)
+    with pytest.raises(TypeError, match="Auto: profile must be"):
+        bppsa.Auto(profile="cpu")
