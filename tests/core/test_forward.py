@@ -22,7 +22,7 @@ class PythonLoopForward(Forward):
 
     calls: list = dataclasses.field(default_factory=list, compare=False, hash=False)
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, method=None):
         self.calls.append(keep)
         step, length = problem.body.step, problem.length
         carry, ys, before = init, [], []

@@ -1,6 +1,7 @@
 """bppsa.Newton: the certified parallel-in-time forward, against lax.scan."""
 
 import functools
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -169,6 +170,30 @@ def test_gradients_of_newton_forward_scans_equal_jax_grad(x64, method, quasi):
         bppsa.grad(functools.partial(loss, bppsa.scan), method=method, forward=forward)
     )(xs)
     assert_trees_close(actual, jax.grad(functools.partial(loss, jax.lax.scan))(xs), jnp.float64)
+
+
+class _CountingScan(bppsa.SequentialScan):
+    """A sequential scan that records the length of every scan it runs (at trace time)."""
+
+    lengths: typing.ClassVar[list] = []
+
+    def scan(self, g_last, maps, offsets):
+        self.lengths.append(len(maps))
+        return super().scan(g_last, maps, offsets)
+
+
+@pytest.mark.parametrize("method", [_CountingScan(), bppsa.Blocked(_CountingScan(), 4)], ids=str)
+def test_newton_solves_with_the_methods_own_scan(x64, method):
+    # The forward alone (no derivative, so no backward scans): its Newton iterations solve
+    # their linear recurrences over all 13 steps with the method's scan.
+    body, init = _cells(jnp.float64)["gru"]
+    xs = _xs(13, jnp.float64)
+    _CountingScan.lengths.clear()
+    actual = jax.jit(lambda xs: bppsa.scan(body, init, xs, forward=bppsa.Newton(), method=method))(
+        xs
+    )
+    assert _CountingScan.lengths and set(_CountingScan.lengths) == {13}
+    assert_trees_close(actual, jax.lax.scan(body, init, xs), jnp.float64)
 
 
 def test_bad_newton_settings_raise_clearly():

@@ -49,10 +49,10 @@ class AutoForward(Forward):
             Newton(): cost.newton_forward(fp, profile.newton_iterations).seconds(profile),
         }
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, method=None):
         fp = problem.footprint
         chosen = self.choose(fp.length, fp.size, batch=fp.batch)
-        return chosen(problem, consts, init, xs, keep=keep)
+        return chosen(problem, consts, init, xs, keep=keep, method=method)
 
     def __repr__(self) -> str:
         return "'auto'"

@@ -27,10 +27,12 @@ class Forward(abc.ABC):
 
     @abc.abstractmethod
     def __call__(
-        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool
+        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool, method=None
     ) -> tuple[Any, Any]:
         """Runs the steps of ``problem`` (``problem.body.step(carry, x, *consts) -> (carry, y,
-        ...)``) over ``xs`` (time order).
+        ...)``) over ``xs`` (time order). A forward that solves linear recurrences (Newton's)
+        solves them with the linear scan of ``method``, the scan's Jacobian method (``None``:
+        the modified Blelloch scan).
 
         Returns:
             ``(final carry, ys)``, or with ``keep``: ``(final carry, (ys, carries_before))``,
@@ -45,7 +47,7 @@ class SequentialForward(Forward):
     name: ClassVar[str] = "sequential"
     sequential: ClassVar[bool] = True
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, method=None):
         return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
 
     def __repr__(self) -> str:

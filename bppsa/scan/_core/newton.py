@@ -133,7 +133,7 @@ class Newton(Forward):
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, method=None):
         length, layout = problem.length, problem.layout
         if not all(layout.float_mask):
             raise TypeError(
@@ -142,7 +142,7 @@ class Newton(Forward):
             )
         if length == 0 or not problem.differentiable_carry:
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
-        states, info = self.solve(problem, consts, init, xs)
+        states, info = self.solve(problem, consts, init, xs, method)
         before = _unpack(layout, init, _shifted(layout.pack(init), states))
         (_, ys), _ = problem.all_steps()(consts, before, xs)
         if self.callback is not None:
@@ -150,9 +150,10 @@ class Newton(Forward):
         carry = layout.unpack_into(states[-1], init)
         return carry, ((ys, before) if keep else ys)
 
-    def solve(self, problem, consts, init, xs) -> tuple[jax.Array, NewtonInfo]:
+    def solve(self, problem, consts, init, xs, method=None) -> tuple[jax.Array, NewtonInfo]:
         """The certified trajectory: ``(states, info)``, ``states[t]`` the packed carry after
-        step ``t``, ``(T, *batch, n)``."""
+        step ``t``, ``(T, *batch, n)``; each iteration's linear recurrence solved by
+        ``method.forward_scan`` (a Jacobian method; ``None``: the modified Blelloch scan)."""
         layout, length = problem.layout, problem.length
         all_steps = problem.all_steps()
         h0 = layout.pack(init)
@@ -168,12 +169,16 @@ class Newton(Forward):
             ratio = jnp.where((states == f) & jnp.isfinite(f), 0.0, ratio)
             ok = jnp.all(ratio <= tol, axis=tuple(range(1, ratio.ndim)))
             prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
-            maps = jac_t.diagonal() if self.quasi else jac_t.transpose()
-            return f, maps, before, ok, prefix, ratio
+            maps_t = jac_t.diagonal() if self.quasi else jac_t
+            return f, maps_t, before, ok, prefix, ratio
 
-        def newton_step(states, f, maps, before):
-            offsets = f - maps.apply(before)
-            new = _algorithms.blelloch(h0, maps.flip(), offsets[::-1])[::-1][1:]
+        def newton_step(states, f, maps_t, before):
+            offsets = f - maps_t.transpose().apply(before)
+            if method is None:
+                new = _algorithms.blelloch(h0, maps_t.transpose().flip(), offsets[::-1])[::-1]
+            else:
+                new = method.forward_scan(h0, maps_t, offsets)
+            new = new[1:]
             # Non-finite values (products of long spans of Jacobians that overflow, NaN inputs)
             # keep the previous iterate's, so that the next linearization is finite again.
             return jnp.where(jnp.isfinite(new), new, states)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import TYPE_CHECKING
 
 import jax
@@ -99,12 +100,14 @@ def jacobian_scan(
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
-        carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
+        carry, (ys, before) = forward(
+            problem, consts, init, xs, keep=True, method=setup.forward_method
+        )
         return carry, ys, before
 
     @jax.custom_jvp
     def run(consts, init, xs):
-        return forward(problem, consts, init, xs, keep=False)
+        return forward(problem, consts, init, xs, keep=False, method=setup.forward_method)
 
     def rule(primals, tangents):
         out = run_keep(*primals)
@@ -139,6 +142,12 @@ class _Setup:
     memory_limit: float | None
     check_finite: bool
     plan: ScanPlan | None
+
+    @functools.cached_property
+    def forward_method(self) -> Method:
+        """The method whose linear scan a parallel forward (Newton's) solves with: what the
+        backward runs, before the memory guard (a forward alone never raises its error)."""
+        return policy.fit(self.requested, self.problem.footprint, math.inf)
 
     @functools.cached_property
     def fitted(self) -> Method:

@@ -244,11 +244,11 @@ class PipelinedForward(Forward):
     mesh: Mesh
     axis_name: str
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, method=None):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
         step, length = problem.body.step, problem.length
         if length == 0:
-            return SequentialForward()(problem, consts, init, xs, keep=keep)
+            return SequentialForward()(problem, consts, init, xs, keep=keep, method=method)
         per_device, pad, valid = _slices(length, devices)
         xs_p = jax.tree.map(_front_edge(pad), xs)
 
