@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import bppsa
+from bppsa.jacobians import transposed_jacobian
 from bppsa.models import (
     Chain,
     Conv2d,
@@ -135,6 +136,37 @@ def test_a_users_own_layer_gets_an_autodiff_jacobian(x64):
         actual = jax.jit(grad, static_argnums=2)(params, x, chain.apply)
         assert_trees_close(actual, expected, jnp.float64)
     assert type(chain.transposed_jacobians(params, x)[3]).__name__ == "Dense"
+
+
+def test_a_users_layer_declares_its_jacobian_as_a_cell_does(x64):
+    # y = s * x elementwise: J^T = diag(s), built by the layer's own builder (a Structured map),
+    # so the chain's backward uses it and not autodiff.
+    built = []
+
+    def scale_jacobian_t(params, x):
+        built.append(x.shape)
+        n = x.shape[-1]
+        d = jnp.broadcast_to(params["scale"], x.shape)[None]
+        return bppsa.scan.Structured(u=jnp.eye(n, dtype=x.dtype), d=d)
+
+    @transposed_jacobian(scale_jacobian_t)
+    def scale(params, x):
+        return x * params["scale"]
+
+    chain = Chain([Flatten(), scale, Linear(12, 2)])
+    params = chain.init(jax.random.key(0), dtype=jnp.float64)
+    params[1] = {"scale": jnp.linspace(0.5, 1.5, 12, dtype=jnp.float64)}
+    x = jax.random.normal(jax.random.key(1), (3, 1, 4, 3), jnp.float64)
+    loss = lambda p, x, apply: jnp.sum(jnp.tanh(apply(p, x)))
+    expected = jax.grad(loss, argnums=(0, 1))(params, x, chain.forward)
+    for method in SCAN_METHODS:
+        built.clear()
+        actual = jax.jit(bppsa.grad(loss, argnums=(0, 1), method=method), static_argnums=2)(
+            params, x, chain.apply
+        )
+        assert_trees_close(actual, expected, jnp.float64)
+        assert built == [(3, 12)]
+    assert isinstance(chain.transposed_jacobians(params, x)[1], bppsa.scan.Structured)
 
 
 def test_the_ambient_method_reaches_the_chain_and_sequential_is_autodiff():

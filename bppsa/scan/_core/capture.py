@@ -136,16 +136,16 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
                 grads = jax.jit(bppsa.grad(loss, method="blelloch"))(params, jnp.ones((5, 2)))
             assert plans[0].jacobians == "analytic"
 
+        A method can be the cell too (``self`` is then ``params``), e.g. an equinox module's
+        ``@transposed_jacobian(builder) def __call__(self, h, x)``, whose builder is called as
+        ``builder(module, h, x)``. A cell whose arguments come in another order (equinox's
+        ``GRUCell(x, h)``) is wrapped in a function of ``(params, h, x)``.
+
         A layer of a :class:`bppsa.models.Chain` written as a function ``layer(params, x)`` of
         a batch declares its transposed Jacobian the same way: ``builder(params, x)`` returns
         the ``J^T`` of the batch at its input ``x``, as :meth:`bppsa.models.Layer.jacobian_t`
         does (e.g. a :class:`bppsa.scan.Dense` of shape ``(1, B, n_in, n_out)``); without one,
         the chain's backward builds it by autodiff.
-
-        A method can be the cell too (``self`` is then ``params``), e.g. an equinox module's
-        ``@transposed_jacobian(builder) def __call__(self, h, x)``, whose builder is called as
-        ``builder(module, h, x)``. A cell whose arguments come in another order (equinox's
-        ``GRUCell(x, h)``) is wrapped in a function of ``(params, h, x)``.
     """
 
     def decorate(cell):
