@@ -12,11 +12,16 @@ This is an inclusive scan over ``[g_T, e_T, ..., e_1]`` with the operator ``comb
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
-from bppsa.scan._elements import MapStack, concat
+from bppsa.scan._elements import Dense, MapStack, concat
+from bppsa.scan._sparse import Sparse, _dense_shape
 
 Element = tuple[MapStack, Array]  # an affine map g -> A g + b, stacked: (A, b)
 
@@ -43,17 +48,21 @@ def apply(vector: Array, element: Element) -> Array:
     return a.apply(vector) + b
 
 
-def sequential(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
+def sequential(g_last: Array, linear: MapStack | Sequence[MapStack], offsets: Array | None):
     """Linear reverse scan (back-propagation itself): ``len(linear)`` dependent steps.
 
     Args:
         g_last: ``(*batch, n)`` cotangent of the last state, ``g_T``.
-        linear: stack of the ``T`` maps ``A_1, ..., A_T`` (time order).
-        offsets: ``(T, *batch, n)`` the matching ``b_1, ..., b_T``, or ``None``.
+        linear: stack of the ``T`` maps ``A_1, ..., A_T`` (time order), or a list of maps that
+            differ in shape (a chain of layers, see :func:`chain_scan`).
+        offsets: ``(T, *batch, n)`` the matching ``b_1, ..., b_T``, or ``None`` (always for a
+            list).
 
     Returns:
-        ``(T + 1, *batch, n)``: ``g_0, g_1, ..., g_T``.
+        ``(T + 1, *batch, n)``: ``g_0, g_1, ..., g_T`` (a list of them for a list of maps).
     """
+    if isinstance(linear, list | tuple):
+        return _over_list(g_last, linear, offsets, levels=0)
     if len(linear) == 0:
         return g_last[None]
 
@@ -68,7 +77,12 @@ def sequential(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
     return jnp.concatenate([rest, g_last[None]], axis=0)
 
 
-def blelloch(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
+def blelloch(
+    g_last: Array,
+    linear: MapStack | Sequence[MapStack],
+    offsets: Array | None,
+    levels: int | None = None,
+):
     """BPPSA's modified Blelloch scan: ``2 ceil(log2 (T + 1))`` parallel levels.
 
     Algorithm summary (Wang, Bai & Pekhimenko, "BPPSA: Scaling Back-propagation by Parallel Scan
@@ -90,8 +104,17 @@ def blelloch(g_last: Array, linear: MapStack, offsets: Array | None) -> Array:
     and an identity at the root gives the same prefixes; the inclusive form avoids having to
     represent the identity in every element type.
 
-    Args and returns: as :func:`sequential`.
+    Args and returns: as :func:`sequential`; ``levels`` (for a list of maps only, see
+    :func:`chain_scan`) limits the parallel up-sweep levels, with a linear scan in between.
     """
+    if isinstance(linear, list | tuple):
+        return _over_list(g_last, linear, offsets, levels=levels)
+    if levels is not None:
+        raise ValueError(
+            f"bppsa.scan: Blelloch(levels={levels}) limits the parallel levels of a scan over "
+            "layers (Chain.apply); a scan over time steps runs all of them: use "
+            "bppsa.Blelloch()."
+        )
     if offsets is None:
         offsets = jnp.zeros((len(linear), *g_last.shape), g_last.dtype)
     # The sweeps below index the sequence in scan order: the latest step first.
@@ -133,6 +156,140 @@ def blelloch_scan_order(g_last: Array, linear: MapStack, offsets: Array) -> Arra
             out = jnp.concatenate([out, prefixes[pairs + 1 :]], axis=0)
         prefixes = out
     return prefixes
+
+
+def _over_list(g_last, maps, offsets, levels):
+    if offsets is not None:
+        raise ValueError("a scan over a list of maps (a chain of layers) takes no offsets.")
+    return chain_scan(g_last, list(maps), levels=levels)
+
+
+def _sweeps(vector: Any, maps: Sequence[Any], levels: int | None, vec: Callable, mat: Callable):
+    """The modified Blelloch scan over ``[vector, *maps]`` (scan order: the latest map first),
+    with ``levels`` parallel up-sweep levels (``None``: all), a linear scan over what is left,
+    and as many down-sweep levels. Returns the inclusive prefixes, in scan order.
+
+    ``vec(map, vector, level, sweep)`` applies a map to a vector; ``mat(later, earlier,
+    level)`` composes two maps (``later`` applied first). The same driver runs the numbers
+    (:func:`chain_scan`) and the plan (:func:`chain_plan`), so the two cannot disagree.
+    """
+    kept, maps, level = [], list(maps), 0
+    while maps and (levels is None or level < levels):
+        kept.append((vector, maps))
+        level += 1
+        pairs = (len(maps) - 1) // 2
+        up = [mat(maps[2 * i - 1], maps[2 * i], level) for i in range(1, pairs + 1)]
+        if (len(maps) - 1) % 2:  # an odd element at the end is carried up unchanged
+            up.append(maps[-1])
+        vector = vec(maps[0], vector, level, "up")  # the left spine stays matrix-vector
+        maps = up
+    prefixes = [vector]
+    for element in maps:
+        prefixes.append(vec(element, prefixes[-1], level, "linear"))
+    for vector, maps in reversed(kept):
+        pairs = (len(maps) - 1) // 2
+        # The prefix of pair i's right element is prefix i one level up; its left element's
+        # is prefix i - 1 followed by that element (pair 0's left element is the vector).
+        out = [vector, prefixes[0]]
+        for i in range(1, pairs + 1):
+            out += [vec(maps[2 * i - 1], prefixes[i - 1], level, "down"), prefixes[i]]
+        if len(maps) % 2 == 0:  # the carried element's prefix is the last one up there
+            out.append(prefixes[pairs + 1])
+        prefixes, level = out, level - 1
+    return prefixes
+
+
+def chain_scan(g_last: Array, maps: Sequence[MapStack], *, levels: int | None = None) -> list:
+    """The cotangents of every state of a chain: ``g_{l-1} = A_l g_l`` from ``g_L``.
+
+    Algorithm summary (Wang, Bai & Pekhimenko, "BPPSA: Scaling Back-propagation by Parallel
+    Scan Algorithm", MLSys 2020): the inclusive scan over ``[g_L, A_L, ..., A_1]`` with the
+    cotangent as the LEFTMOST element, so that the left spine and the whole down-sweep are
+    matrix-vector products and only the up-sweep composes maps (see
+    :func:`bppsa.scan.blelloch`). This is the documented twin of
+    :func:`bppsa.scan._algorithms.blelloch_scan_order` for heterogeneous chains: the elements
+    differ in shape and type, so they are a Python list unrolled at trace time rather than one
+    stack, and the products are :func:`bppsa.scan.combine` on ``(A, None)`` elements. The
+    paper's pruned VGG-11 ran ``levels=2``: fill-in makes the products of later levels nearly
+    dense, so a linear scan is cheaper there.
+
+    Args:
+        g_last: ``(*batch, n_L)``, the cotangent of the last state.
+        maps: the ``L`` maps in layer order, each a :class:`MapStack` of length one:
+            ``maps[l - 1]`` is ``A_l: (n_{l-1}, n_l)``, mapping the cotangent of ``x_l`` to
+            that of ``x_{l-1}``. Sparse, dense and structured maps mix freely; a product with
+            a :class:`Sparse` operand never densifies it (:func:`bppsa.scan.compose`).
+        levels: parallel up-sweep levels. ``0``: the sequential chain of ``L`` matrix-vector
+            products (back-propagation itself); ``None``: the full modified Blelloch scan
+            (``ceil(log2(L + 1))`` levels; a larger ``levels`` runs that too); ``k``: ``k``
+            up-sweep levels, a linear scan over the elements left at level ``k``, then ``k``
+            down-sweep levels.
+
+    Returns:
+        ``[g_0, g_1, ..., g_L]``, each ``(*batch, n_l)``.
+
+    Raises:
+        TypeError, ValueError: maps that are not stacks of one map, consecutive maps whose
+            sizes do not chain, a ``g_last`` of the wrong size, or a bad ``levels``.
+
+    Example (the maps of conv -> ReLU -> max-pool -> linear, in layer order)::
+
+        g_0, g_1, g_2, g_3, g_4 = chain_scan(g_4, [conv_t, relu_t, pool_t, fc_t], levels=2)
+    """
+    shapes = _check_chain(maps, levels)
+    if shapes and g_last.shape[-1:] != (shapes[-1][1],):
+        raise ValueError(
+            f"g_last must have shape (*batch, {shapes[-1][1]}) (n_cols of the last map), got "
+            f"{tuple(g_last.shape)}."
+        )
+
+    def vec(element, vector, level, sweep):
+        return element.apply(vector[None])[0]
+
+    def mat(later, earlier, level):
+        return combine((later, None), (earlier, None))[0]
+
+    return _sweeps(g_last, maps[::-1], levels, vec, mat)[::-1]
+
+
+def _map_shape(element: MapStack) -> tuple[int, int]:
+    if isinstance(element, Sparse):
+        return element.shape
+    if isinstance(element, Dense):
+        return tuple(element.a.shape[-2:])
+    return _dense_shape(element)
+
+
+def _check_levels(levels) -> None:
+    if levels is not None and (
+        isinstance(levels, bool) or not isinstance(levels, int | np.integer) or levels < 0
+    ):
+        raise ValueError(f"levels must be None or an int >= 0, got {levels!r}.")
+
+
+def _check_chain(maps, levels) -> list[tuple[int, int]]:
+    _check_levels(levels)
+    if not isinstance(maps, Sequence):
+        raise TypeError(f"maps must be a sequence of MapStack, got {type(maps).__name__}.")
+    shapes = []
+    for k, element in enumerate(maps):
+        if not isinstance(element, MapStack):
+            raise TypeError(f"maps[{k}] must be a MapStack, got {type(element).__name__}.")
+        if len(element) != 1:
+            raise ValueError(f"maps[{k}] must be a stack of one map, got {len(element)} maps.")
+        shapes.append(_map_shape(element))
+    _check_shapes(shapes)
+    return shapes
+
+
+def _check_shapes(shapes) -> None:
+    for k in range(1, len(shapes)):
+        if shapes[k - 1][1] != shapes[k][0]:
+            raise ValueError(
+                f"maps[{k - 1}] (A_{k}, {shapes[k - 1]}) takes a cotangent of size "
+                f"{shapes[k - 1][1]}, but maps[{k}] (A_{k + 1}, {shapes[k]}) gives one of size "
+                f"{shapes[k][0]}: A_l must be (n_(l-1), n_l)."
+            )
 
 
 def aggregate(linear: MapStack, offsets: Array | None, like: Array) -> tuple[Array, Array]:

@@ -3,6 +3,7 @@ against ``jax.grad`` of the same network written directly with ``jax.lax``."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -22,6 +23,7 @@ from bppsa.models import (
     magnitude_prune,
     vgg11,
 )
+from bppsa.scan._core.options import Options, ambient
 from tests.helpers import RTOL, assert_trees_close, relative_errors, spread
 
 # float32: the scan sums the products of up to ~10 layers' Jacobians in another order than
@@ -270,3 +272,33 @@ def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
         with bppsa.trace_plans() as plans:
             jax.eval_shape(bppsa.grad(loss, method="auto"), params)
         assert plans[0].method == expected, (sparsity, bppsa.get_profile().chain_sparse_cost)
+
+
+@pytest.mark.parametrize("method", [bppsa.Sequential(), *SCAN_METHODS, bppsa.Auto()], ids=repr)
+def test_forward_mode_through_the_chain_equals_dense_autodiff(x64, method):
+    # jax.jvp, jax.linearize, jax.jacfwd and jax.hessian of a loss through Chain.apply with the
+    # method as the ambient one (as inside bppsa.grad), against the same transformations of the
+    # chain's plain forward. A small pruned chain: shapes differ at every layer.
+    chain = Chain([Conv2d(1, 2, 3, padding=1), ReLU(), MaxPool2d(2), Flatten(), Linear(8, 2)])
+    params = jax.tree.map(lambda a: a.astype(jnp.float64), chain.init(jax.random.key(0)))
+    masks = magnitude_prune(params, 0.5)
+    x = jax.random.normal(jax.random.key(1), (2, 1, 4, 4), jnp.float64)
+    tangent = jnp.linspace(-1.0, 1.0, 18, dtype=jnp.float64).reshape(2, 1, 3, 3)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def transforms(apply, weight, x):
+        def f(w, x):
+            p = [{**params[0], "weight": w}, *params[1:]]
+            return jnp.sum(jnp.sin(apply(p, x, masks=masks)))
+
+        return {
+            "jvp": jax.jvp(lambda w: f(w, x), (weight,), (tangent,))[1],
+            "linearize": jax.linearize(lambda w: f(w, x), weight)[1](tangent),
+            "jacfwd": jax.jacfwd(f, argnums=1)(weight, x),
+            "hessian": jax.hessian(f)(weight, x),
+        }
+
+    with ambient(Options.make(method=method)), bppsa.trace_plans() as plans:
+        actual = transforms(chain.apply, params[0]["weight"], x)
+    assert plans and all(plan.requested == method for plan in plans)
+    assert_trees_close(actual, transforms(chain.forward, params[0]["weight"], x), jnp.float64)

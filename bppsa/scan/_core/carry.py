@@ -25,6 +25,21 @@ def zero_cotangent(aval: Any) -> Array:
     return np.zeros(aval.shape, dtype=jax.dtypes.float0)
 
 
+def zeros_for_none(tree, like):
+    """``tree`` with a zero (``float0`` for integer leaves) wherever it has ``None``."""
+    return jax.tree.map(
+        lambda t, a: zero_cotangent(a) if t is None and a is not None else t,
+        tree,
+        like,
+        is_leaf=lambda x: x is None,
+    )
+
+
+def floats_only(tree):
+    """``None`` for every leaf that is not a float array (what :func:`linear_map` carries)."""
+    return jax.tree.map(lambda t: t if is_float(t) else None, tree)
+
+
 def unstacked(a: Any) -> jax.ShapeDtypeStruct:
     """The shape and dtype of one step of a stacked array (without its leading axis)."""
     return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)

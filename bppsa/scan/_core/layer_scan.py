@@ -1,16 +1,20 @@
 """Back-propagation through a chain of layers as a scan over their transposed Jacobians.
 
-``Chain.apply``'s backward when the method asks for one (``bppsa.grad(loss, method=...)``, or
-the ambient method of an enclosing ``bppsa.grad``): a custom VJP whose forward keeps every
-layer's input (what back-propagation keeps too) and whose backward
+``Chain.apply``'s derivatives when the method scans Jacobians (``bppsa.grad(loss,
+method=...)``, or the ambient method of an enclosing ``bppsa.grad``), by the derivative rule of
+the scans over time: a ``jax.custom_jvp`` whose rule keeps every layer's input (what
+back-propagation keeps too) and returns the tangents through the linear primitive of
+:mod:`bppsa.scan._core.linear`. Evaluated (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``), the
+tangent is JAX's JVP of the layers' forward; transposed (``jax.grad``, ``jax.vjp``), it is the
+method's backward, which
 
 1. builds every layer's transposed Jacobian for the batch (sparse with a static pattern for the
    library's layers, see :mod:`bppsa.jacobians._layers`; dense by autodiff for a user's own
    callable layer),
-2. runs the method's scan over the layers (:func:`bppsa.scan._chain.chain_scan`: ``levels=0`` is
-   the sequential chain of sparse matrix-vector products, ``None`` the full modified Blelloch
-   scan, ``k`` the paper's ``k`` parallel levels with a linear scan between them) to get every
-   layer's output cotangent,
+2. runs the method's ``scan`` over the list of those maps (:func:`bppsa.scan.chain_scan`:
+   ``SequentialScan()`` is the sequential chain of sparse matrix-vector products,
+   ``Blelloch()`` the full modified Blelloch scan, ``Blelloch(levels=k)`` the paper's ``k``
+   parallel levels with a linear scan between them) to get every layer's output cotangent,
 3. and takes every layer's parameter cotangent from its own output cotangent (independent of
    each other, so XLA may run them in parallel).
 
@@ -38,11 +42,14 @@ import numpy as np
 
 from bppsa.scan import _chain
 from bppsa.scan._core import memory, options, plans
+from bppsa.scan._core.carry import floats_only, zeros_for_none
+from bppsa.scan._core.linear import linear_map
 from bppsa.scan._core.memory import MemoryLimitError, human
-from bppsa.scan._core.methods.base import ChainWork, LayerScan, Method
+from bppsa.scan._core.methods import policy
+from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
+from bppsa.scan._core.methods.policy import ChainWork
 from bppsa.scan._core.methods.resolve import resolve
-from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._elements import Dense, MapStack
 
@@ -55,28 +62,29 @@ def apply(chain, params, x, masks):
     """``chain.forward(params, x, masks=masks)``, differentiated by the ambient method."""
     opts = options.current()
     requested = resolve(opts.method)
-    how = requested.for_chain(
-        chain_work(chain, params, x, masks) if requested.chain_needs_work else None
-    )
+    method = policy.for_chain(requested, lambda: chain_work(chain, params, x, masks))
     plan = plans.record(
         requested=requested,
-        method=method_for(how),
-        jacobians="autodiff" if how.autodiff else "sparse",
+        method=method,
+        jacobians="sparse" if method.uses_jacobians else "autodiff",
         length=len(chain),
         batch=x.shape[0],
     )
-    if how.autodiff:
+    if not method.uses_jacobians:  # plain back-propagation: JAX differentiates the forward
         return chain.forward(params, x, masks=masks)
     static, traced = _split_masks(chain, masks)
-    run = _differentiable(chain, static, how, requested, opts.memory_limit, plan)
+    run = _differentiable(chain, static, method, requested, opts.memory_limit, plan)
     return run(params, x, traced)
 
 
-def method_for(how: LayerScan) -> Method:
-    """The method object that runs ``how`` on its own (what a plan of a chain reports)."""
-    if how.autodiff:
-        return Sequential()
-    return SequentialScan() if how.levels == 0 else Blelloch(levels=how.levels)
+def chain_levels(method: Method) -> int | None:
+    """The parallel up-sweep levels ``method``'s scan over layers runs (``0``: the sequential
+    chain; ``None``: all of them, also what the memory guard assumes of an unknown method)."""
+    if isinstance(method, SequentialScan):
+        return 0
+    if isinstance(method, Blelloch):
+        return method.levels
+    return None
 
 
 def layer_maps(chain, params, inputs, masks) -> list[MapStack | None]:
@@ -125,56 +133,88 @@ def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None
     requested = resolve(method)
     masks = _masks_list(chain, masks)
     maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
-    how = requested.for_chain(_work(chain, params, x, maps) if requested.chain_needs_work else None)
-    if how.autodiff:
+    method = policy.for_chain(requested, lambda: _work(chain, params, x, maps))
+    if not method.uses_jacobians:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
-    return _footprint_bytes(maps, inputs, how.levels)
+    return _footprint_bytes(maps, inputs, chain_levels(method))
 
 
-def _differentiable(chain, static_masks, how: LayerScan, requested, limit, plan):
+def _differentiable(chain, static_masks, method: Method, requested: Method, limit, plan):
+    """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
+    ``jax.custom_jvp`` whose tangents go through :func:`bppsa.scan._core.linear.linear_map`.
+    Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
+    mode), it is ``method``'s scan over the layers' transposed Jacobians (:func:`_backward`)."""
+
     def masks_of(traced):
         return [t if s is None else s for s, t in zip(static_masks, traced)]
 
-    @jax.custom_vjp
-    def run(params, x, traced):
+    def forward(params, x, traced):
         return chain.forward(params, x, masks=masks_of(traced))
 
-    def fwd(params, x, traced):
-        masks = masks_of(traced)
-        inputs, y = _forward(chain, params, x, masks)
-        return y, (params, inputs, traced)
+    @jax.custom_jvp
+    def run(params, x, traced):
+        return forward(params, x, traced)
 
-    def bwd(residuals, g):
-        params, inputs, traced = residuals
-        masks = masks_of(traced)
-        maps = layer_maps(chain, params, inputs, masks)
-        need = _footprint_bytes(maps, inputs, how.levels)
-        limit_bytes = memory.available_bytes() if limit is None else limit
-        if need > limit_bytes:
-            raise _memory_error(requested, how, need, limit, limit_bytes, maps, inputs)
-        if plan is not None:
-            plan.backward = method_for(how)
-        batch = g.shape[0]
-        present = [m for m in maps if m is not None]
-        scanned = _chain.chain_scan(g.reshape(batch, -1), present, levels=how.levels)
-        # scanned[k] is the cotangent after the k-th present map; identity layers pass theirs.
-        outs, k = [None] * len(maps), len(present)
-        current = scanned[k]
-        for i in reversed(range(len(maps))):
-            outs[i] = current
-            if maps[i] is not None:
-                k -= 1
-                current = scanned[k]
-        ct_params = [
-            _param_cotangent(chain, layer, p, xi, m, gi)
-            for layer, p, xi, m, gi in zip(chain, params, inputs, masks, outs)
-        ]
-        ct_x = current.reshape(inputs[0].shape).astype(inputs[0].dtype)
-        return ct_params, ct_x, jax.tree.map(lambda _: None, traced)
+    def tangents(res, lin):
+        params, inputs, traced = res
+        dparams, dx = (zeros_for_none(t, a) for t, a in zip(lin, (params, inputs[0])))
+        return jax.jvp(lambda p, x: forward(p, x, traced), (params, inputs[0]), (dparams, dx))[1]
 
-    run.defvjp(fwd, bwd)
+    def transpose(res, ct):
+        params, inputs, traced = res
+        (ct_y,) = ct
+        y = jax.eval_shape(forward, params, inputs[0], traced)
+        g = jnp.zeros(y.shape, y.dtype) if ct_y is None else ct_y
+        ct_params, ct_x = _backward(
+            chain, method, requested, limit, plan, params, inputs, masks_of(traced), g
+        )
+        return floats_only((ct_params, ct_x))
+
+    def rule(primals, tangents_in):
+        params, x, traced = primals
+        inputs, y = _forward(chain, params, x, masks_of(traced))
+        dparams, dx, _ = tangents_in
+        lin = floats_only((dparams, dx))
+        res = (params, inputs, traced)
+        shape = [jax.ShapeDtypeStruct(y.shape, y.dtype)]
+        (dy,) = linear_map(lambda r, t: [tangents(r, t)], transpose, res, lin, shape)
+        return y, dy
+
+    run.defjvp(rule)
     return run
+
+
+def _backward(chain, method, requested, limit, plan, params, inputs, masks, g):
+    """``(ct_params, ct_x)`` from the output cotangent ``g``: every layer's transposed Jacobian,
+    the memory guard, ``method``'s scan over the layers, then each layer's parameter VJP."""
+    maps = layer_maps(chain, params, inputs, masks)
+    levels = chain_levels(method)
+    need = _footprint_bytes(maps, inputs, levels)
+    limit_bytes = memory.available_bytes() if limit is None else limit
+    if need > limit_bytes:
+        raise _memory_error(requested, method, need, limit, limit_bytes, maps, inputs)
+    if plan is not None:
+        plan.backward = method
+    batch = g.shape[0]
+    present = [m for m in maps if m is not None]
+    scanned = (
+        method.scan(g.reshape(batch, -1), present, None) if present else [g.reshape(batch, -1)]
+    )
+    # scanned[k] is the cotangent after the k-th present map; identity layers pass theirs.
+    outs, k = [None] * len(maps), len(present)
+    current = scanned[k]
+    for i in reversed(range(len(maps))):
+        outs[i] = current
+        if maps[i] is not None:
+            k -= 1
+            current = scanned[k]
+    ct_params = [
+        _param_cotangent(chain, layer, p, xi, m, gi)
+        for layer, p, xi, m, gi in zip(chain, params, inputs, masks, outs)
+    ]
+    ct_x = current.reshape(inputs[0].shape).astype(inputs[0].dtype)
+    return ct_params, ct_x
 
 
 def _forward(chain, params, x, masks):
@@ -259,23 +299,30 @@ def _itemsize(x) -> int:
     return jnp.dtype(x.dtype).itemsize
 
 
-def _memory_error(requested, how, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:
+def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:
     fits = []
-    for levels in _fewer_levels(how.levels, maps):
+    for levels in _fewer_levels(chain_levels(method), maps):
         b = _footprint_bytes(maps, inputs, levels)
         if b <= limit_bytes:
-            fits.append((LayerScan(levels), b))
+            fits.append((SequentialScan() if levels == 0 else Blelloch(levels=levels), b))
     source = "the default device's available memory" if limit is None else "memory_limit"
     advice = (
-        "Fewer levels fit: "
-        + ", ".join(f"bppsa.Blelloch(levels={h.levels}) (~{human(b)})" for h, b in fits[:3])
+        "Fewer levels fit: " + ", ".join(f"bppsa.{m!r} (~{human(b)})" for m, b in fits[:3])
         if fits
         else "No scan over these layers fits; use fewer examples."
     )
     message = (
-        f"Chain.apply: the backward with method={requested!r} ({how.describe()}) needs about "
+        f"Chain.apply: the backward with method={requested!r} ({_describe(method)}) needs about "
         f"{human(need)}, more than the limit of {human(limit_bytes)} ({source}). {advice} "
         "method='sequential' is plain back-propagation; raise memory_limit (math.inf turns "
         "this check off)."
     )
     return MemoryLimitError(message, need, limit_bytes, fits)
+
+
+def _describe(method: Method) -> str:
+    """A few words for messages: what ``method``'s scan over the layers does."""
+    levels = chain_levels(method)
+    if levels == 0:
+        return "sequential sparse chain"
+    return "all parallel levels" if levels is None else f"{levels} parallel levels"

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from bppsa.scan._core import backward, debug
-from bppsa.scan._core.carry import is_float, zero_cotangent
+from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.linear import linear_map
 from bppsa.scan._core.methods import policy
@@ -112,17 +112,17 @@ def jacobian_scan(
     def rule(primals, tangents):
         out = run_keep(*primals)
         res = (primals[0], out[2], primals[2])  # consts, carries before, xs
-        lin = _floats_only(tangents)
+        lin = floats_only(tangents)
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
         dots = linear_map(
             setup.tangents,
             setup.cotangents,
             res,
             lin,
-            _floats_only(shapes),
+            floats_only(shapes),
             batched_transpose=setup.batched_cotangents,
         )
-        return out, _zeros_for_none(dots, out)
+        return out, zeros_for_none(dots, out)
 
     def run_rule(primals, tangents):
         out, dots = rule(primals, tangents)
@@ -161,7 +161,7 @@ class _Setup:
         consts, before, xs = res
         init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
         dconsts, dinit, dxs = (
-            _zeros_for_none(t, like) for t, like in zip(lin, (consts, init, xs), strict=True)
+            zeros_for_none(t, like) for t, like in zip(lin, (consts, init, xs), strict=True)
         )
         problem, layout = self.problem, self.problem.layout
         _, f_jvp, jac_t = jax.linearize(problem.all_steps(), consts, before, xs, has_aux=True)
@@ -177,7 +177,7 @@ class _Setup:
         else:
             dcarry = jax.tree.map(zero_cotangent, init)
         _, dys = f_jvp(dconsts, dbefore, dxs)
-        return _floats_only((dcarry, dys, dbefore))
+        return floats_only((dcarry, dys, dbefore))
 
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
@@ -242,14 +242,14 @@ class _Setup:
         all_steps = problem.all_steps()
         (_, ys_shape), _ = jax.eval_shape(all_steps, consts, before, xs)
         if ct_ys is not None:
-            ct_ys = _zeros_for_none(ct_ys, ys_shape)
+            ct_ys = zeros_for_none(ct_ys, ys_shape)
         init_shape = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
         if not problem.differentiable_carry:
             # Nothing in the carry is differentiable (no float leaves, or only empty ones): the
             # cotangents come from the outputs alone.
             ct_consts, ct_xs = backward.steps_vjp(all_steps, consts, before, xs, ct_ys)
-            return _floats_only((ct_consts, layout.zeros(init_shape), ct_xs))
-        g_last = layout.pack(_zeros_for_none(ct_carry, init_shape))
+            return floats_only((ct_consts, layout.zeros(init_shape), ct_xs))
+        g_last = layout.pack(zeros_for_none(ct_carry, init_shape))
         if self.plan is not None:
             self.plan.backward, self.plan.whole_batch = method, problem.batched
         g_first, ct_consts, ct_xs, flags = method.backward(
@@ -257,7 +257,7 @@ class _Setup:
         )
         if self.check_finite:
             debug.report(flags, g_last, problem.reverse)
-        return _floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
+        return floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
 
 
 def _none(x) -> bool:
@@ -288,18 +288,3 @@ def _batch_size(res, res_axes, cts) -> int:
 
 def _all_none(tree) -> bool:
     return all(leaf is None for leaf in jax.tree.leaves(tree, is_leaf=_none))
-
-
-def _zeros_for_none(tree, like):
-    """``tree`` with a zero (``float0`` for integer leaves) wherever it has ``None``."""
-    return jax.tree.map(
-        lambda t, a: zero_cotangent(a) if t is None and a is not None else t,
-        tree,
-        like,
-        is_leaf=_none,
-    )
-
-
-def _floats_only(tree):
-    """``None`` for every leaf that is not a float array (what :func:`linear_map` carries)."""
-    return jax.tree.map(lambda t: t if is_float(t) else None, tree)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan._core import cost, memory
 from bppsa.scan._core.methods import policy
-from bppsa.scan._core.methods.base import LayerScan, Method
+from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
@@ -44,7 +44,6 @@ class Auto(Method):
 
     profile: Profile | None = None
     name: ClassVar[str] = "auto"
-    chain_needs_work: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.profile is not None and not isinstance(self.profile, Profile):
@@ -158,21 +157,26 @@ class Auto(Method):
     def for_complex_carry(self, leaves):
         return Sequential()
 
-    def for_chain(self, work=None):
-        """The sequential sparse chain where the pruning makes it cheaper than dense
-        back-propagation by the measured margin (the profile's ``chain_sparse_cost``), else
-        plain back-propagation (JAX's autodiff of the forward). The parallel levels' filled-in
-        products never paid on a CPU (``experiments/pruned_vgg11.py benchmark``); they are not
-        chosen."""
+    def for_chain(self, work: policy.ChainWork | None = None) -> Method:
+        """The sequential sparse chain (``SequentialScan()``) where the pruning makes it cheaper
+        than dense back-propagation by the measured margin (the profile's
+        ``chain_sparse_cost``), else plain back-propagation (``Sequential()``: JAX's autodiff
+        of the forward). The parallel levels' filled-in products never paid on a CPU
+        (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
         cost_ratio = self.profile_for().chain_sparse_cost
         if work is not None and cost_ratio * work.sparse < work.dense:
-            return LayerScan(levels=0)
-        return LayerScan(autodiff=True)
+            return SequentialScan()
+        return Sequential()
 
 
 @policy.fit.register
 def _fit(method: Auto, fp, limit, backend=None):
     return method.fit(fp, limit, backend)
+
+
+@policy.for_chain.register
+def _for_chain(method: Auto, work):
+    return method.for_chain(work())
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())

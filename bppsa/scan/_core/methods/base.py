@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jax import Array
@@ -16,44 +15,6 @@ from bppsa.scan._elements import MapStack
 if TYPE_CHECKING:
     from bppsa.scan._core.forward import Forward
     from bppsa.scan._core.problem import Problem
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerScan:
-    """What a method does with the backward of a chain of layers (``Chain.apply``).
-
-    Attributes:
-        levels: parallel up-sweep levels of the scan over the layers' transposed Jacobians
-            (``0``: the sequential chain of sparse matrix-vector products; ``None``: all, the
-            full modified Blelloch scan).
-        autodiff: plain JAX autodiff of the chain's forward instead (the reference).
-    """
-
-    levels: int | None = 0
-    autodiff: bool = False
-
-    def describe(self) -> str:
-        """A few words for messages."""
-        if self.autodiff:
-            return "JAX autodiff of the forward"
-        if self.levels == 0:
-            return "sequential sparse chain"
-        return "all parallel levels" if self.levels is None else f"{self.levels} parallel levels"
-
-
-@dataclasses.dataclass(frozen=True)
-class ChainWork:
-    """What a policy needs to choose a chain's backward: multiply-adds per example of the layers
-    whose Jacobians pruning thins (convolutions and linear layers).
-
-    Attributes:
-        sparse: stored entries of their transposed Jacobians (the sequential sparse chain's
-            multiply-adds per example).
-        dense: the multiply-adds of their input gradients in JAX's dense back-propagation.
-    """
-
-    sparse: int
-    dense: int
 
 
 class Method(abc.ABC):
@@ -71,7 +32,6 @@ class Method(abc.ABC):
 
     name: ClassVar[str | None] = None
     uses_jacobians: ClassVar[bool] = True
-    chain_needs_work: ClassVar[bool] = False  # whether for_chain reads its ChainWork
     # Whether the backward also runs on a vmapped batch as an axis of its arrays
     # (Problem.batched_problem): maps and cotangents with a batch axis after the step axis.
     batches: ClassVar[bool] = True
@@ -89,19 +49,6 @@ class Method(abc.ABC):
         ``None`` where the model does not cover the method."""
         return None
 
-    def for_chain(self, work: ChainWork | None = None) -> LayerScan:
-        """How this method back-propagates through a chain of layers (``Chain.apply``) whose
-        work is ``work`` (a policy's choice depends on it).
-
-        Raises:
-            TypeError: the method has no backward over layers.
-        """
-        raise TypeError(
-            f"{self!r} does not apply to a chain of layers; use bppsa.Auto(), bppsa.Blelloch("
-            "levels=...), bppsa.SequentialScan() (the sequential sparse chain) or "
-            "bppsa.Sequential() (plain autodiff)."
-        )
-
     def for_complex_carry(self, leaves: list) -> Method:
         """The method for a carry with complex ``leaves``: the Jacobian methods refuse it."""
         arguments.refuse_complex(self, leaves)
@@ -117,8 +64,13 @@ class JacobianMethod(Method):
     """
 
     @abc.abstractmethod
-    def scan(self, g_last: Array, maps: MapStack, offsets: Array | None) -> Array:
-        """Returns ``[g_0, ..., g_T]`` (see :mod:`bppsa.scan._algorithms`; time order)."""
+    def scan(self, g_last: Array, maps: MapStack | list[MapStack], offsets: Array | None):
+        """Returns ``[g_0, ..., g_T]`` (see :mod:`bppsa.scan._algorithms`; time order).
+
+        ``maps`` is a stack of the steps' maps (a scan over time) or a list of maps that differ
+        in shape (a chain of layers, ``Chain.apply``; then ``offsets`` is ``None`` and the
+        result a list). A method that has no scan over layers raises ``TypeError`` for a list.
+        """
 
     def forward_scan(self, h_first: Array, jac_t: MapStack, offsets: Array) -> Array:
         """The linear recurrence forward in time, ``h_{t+1} = J_t h_t + offsets[t]``, by this
@@ -159,4 +111,14 @@ class JacobianMethod(Method):
             xs,
             g_last,
             ct_ys,
+        )
+
+
+def refuse_layers(method: Method, maps) -> None:
+    """Raises for the list of maps of a chain of layers, which ``method`` does not scan."""
+    if isinstance(maps, list | tuple):
+        raise TypeError(
+            f"{method!r} does not apply to a chain of layers; use bppsa.Auto(), "
+            "bppsa.Blelloch(levels=...), bppsa.SequentialScan() (the sequential sparse chain) "
+            "or bppsa.Sequential() (plain autodiff)."
         )

@@ -8,7 +8,7 @@ from typing import ClassVar
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BLELLOCH_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod, LayerScan
+from bppsa.scan._core.methods.base import JacobianMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,16 +34,8 @@ class Blelloch(JacobianMethod):
     def __repr__(self) -> str:
         return "Blelloch()" if self.levels is None else f"Blelloch(levels={self.levels})"
 
-    def for_chain(self, work=None):
-        return LayerScan(levels=self.levels)
-
     def scan(self, g_last, maps, offsets):
-        if self.levels is not None:
-            raise ValueError(
-                f"bppsa.scan: {self!r} limits the parallel levels of a scan over layers "
-                "(Chain.apply); a scan over time steps runs all of them: use bppsa.Blelloch()."
-            )
-        return _algorithms.blelloch(g_last, maps, offsets)
+        return _algorithms.blelloch(g_last, maps, offsets, levels=self.levels)
 
     def span_floats(self, fp, steps):
         return fp.span_floats(steps) + BLELLOCH_DENSE * steps * fp.dense

@@ -7,7 +7,7 @@ import functools
 from typing import ClassVar
 
 from bppsa.scan._core import backward, cost
-from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Blocked(JacobianMethod):
             raise ValueError(f"block must be a positive int, got {self.block!r}.")
 
     def scan(self, g_last, maps, offsets):
+        refuse_layers(self, maps)
         return self.method.scan(g_last, maps, offsets)
 
     def span_floats(self, fp, steps):

@@ -8,7 +8,7 @@ from typing import ClassVar
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import CHUNK_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Chunked(JacobianMethod):
             raise ValueError(f"chunks must be a positive int or None, got {value!r}.")
 
     def scan(self, g_last, maps, offsets):
+        refuse_layers(self, maps)
         chunks = default_chunks(len(maps)) if self.chunks is None else self.chunks
         return chunked(g_last, maps, offsets, chunks)
 

@@ -7,13 +7,38 @@ memory limit is decided here. :func:`fit` is a ``functools.singledispatch`` func
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 
 from bppsa.scan._core import memory
 from bppsa.scan._core.memory import Footprint, MemoryLimitError, limit_message
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainWork:
+    """What a policy needs to choose a chain's backward: multiply-adds per example of the layers
+    whose Jacobians pruning thins (convolutions and linear layers).
+
+    Attributes:
+        sparse: stored entries of their transposed Jacobians (the sequential sparse chain's
+            multiply-adds per example).
+        dense: the multiply-adds of their input gradients in JAX's dense back-propagation.
+    """
+
+    sparse: int
+    dense: int
+
+
+@functools.singledispatch
+def for_chain(method: Method, work: Callable[[], ChainWork]) -> Method:
+    """The method that back-propagates through a chain of layers (``Chain.apply``) for the
+    requested ``method``: that method itself (a policy such as ``Auto`` registers its own rule,
+    which may weigh the chain's ``work()``)."""
+    return method
 
 
 @functools.singledispatch

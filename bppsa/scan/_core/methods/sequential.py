@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BP_STATES
-from bppsa.scan._core.methods.base import LayerScan, Method
+from bppsa.scan._core.methods.base import Method
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -41,6 +41,3 @@ class Sequential(Method):
 
     def for_complex_carry(self, leaves):
         return self
-
-    def for_chain(self, work=None):
-        return LayerScan(autodiff=True)

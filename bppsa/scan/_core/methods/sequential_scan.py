@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
-from bppsa.scan._core.methods.base import JacobianMethod, LayerScan
+from bppsa.scan._core.methods.base import JacobianMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,3 @@ class SequentialScan(JacobianMethod):
 
     def cost(self, fp):
         return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
-
-    def for_chain(self, work=None):
-        return LayerScan(levels=0)

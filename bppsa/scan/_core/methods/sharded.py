@@ -41,7 +41,7 @@ from bppsa.scan._algorithms import aggregate
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
-from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 EXCHANGES = ("all_gather", "ppermute")
@@ -138,6 +138,7 @@ class Sharded(JacobianMethod):
         return PipelinedForward(self.mesh, self.axis_name)
 
     def scan(self, g_last, maps, offsets):
+        refuse_layers(self, maps)
         # A stack already on one device: the local method's scan.
         return (self.local or SequentialScan()).scan(g_last, maps, offsets)
 
