@@ -54,20 +54,13 @@ def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method:
 
 
 def build(name: method_names.Name) -> bppsa.Method:
-    """The method object of a parsed name."""
-    if name.form in (method_names.BP, method_names.SEQUENTIAL):
-        return bppsa.Sequential()
-    if name.form in (method_names.BPPSA, method_names.AUTO):
-        return bppsa.Auto()
-    if name.form == method_names.SEQUENTIAL_JACOBIANS:
-        return bppsa.SequentialScan()
-    if name.form in (method_names.BLELLOCH, method_names.BLELLOCH_LEVELS):
+    """The method object of a parsed name: a plain name through the library's own registry
+    (:func:`bppsa.scan.resolve`), a name with numbers in it by its numbers."""
+    if name.form in method_names.LIBRARY:
+        return bppsa.scan.resolve(method_names.LIBRARY[name.form])
+    if name.form == method_names.BLELLOCH_LEVELS:
         return bppsa.Blelloch(levels=name.levels)
-    if name.form in (
-        method_names.CHUNKED,
-        method_names.CHUNKED_CHUNKS,
-        method_names.CHUNKED_BLOCKED,
-    ):
+    if name.form in (method_names.CHUNKED_CHUNKS, method_names.CHUNKED_BLOCKED):
         chunked = bppsa.Chunked(name.chunks)
         return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
     raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")

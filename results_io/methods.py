@@ -56,6 +56,17 @@ FORMS = (
     SEQUENTIAL_JACOBIANS,
 )
 ALIASES = {AUTO: BPPSA}
+# The plain names in the library's own words: what bppsa.scan.resolve(name) turns into a method
+# (the library's registry of names; tests/experiments/test_methods.py checks every one).
+LIBRARY = {
+    BP: "sequential",
+    BPPSA: "auto",
+    AUTO: "auto",
+    BLELLOCH: "blelloch",
+    CHUNKED: "chunked",
+    SEQUENTIAL: "sequential",
+    SEQUENTIAL_JACOBIANS: "sequential-scan",
+}
 
 _PATTERNS = {
     BLELLOCH_LEVELS: re.compile(r"blelloch-(?P<levels>[0-9]+)"),

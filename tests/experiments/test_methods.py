@@ -39,6 +39,17 @@ def test_every_form_builds_its_method(name, method):
     assert _methods.parse_method(name, method_names.FORMS) == method
 
 
+def test_plain_names_are_the_librarys():
+    # One registry of method names: the library's; the experiments' plain names map onto it,
+    # and every method with a name is one of them.
+    assert set(method_names.LIBRARY.values()) == set(bppsa.scan.METHODS)
+    assert set(method_names.LIBRARY) | {
+        method_names.BLELLOCH_LEVELS,
+        method_names.CHUNKED_CHUNKS,
+        method_names.CHUNKED_BLOCKED,
+    } == set(method_names.FORMS)
+
+
 @pytest.mark.parametrize(
     "name", ["magic", "Blelloch", "bp ", "chunked-0", "chunked-x", "chunked-2-b0", "blelloch-"]
 )

@@ -24,17 +24,31 @@ class Method(abc.ABC):
     options of :func:`bppsa.grad` that hold them key ``jax.jit``'s cache.
 
     Attributes:
-        name: the string that :func:`bppsa.scan._core.methods.resolve` maps to the default instance
-            (methods that need arguments have none).
+        name: the string that :func:`bppsa.scan.resolve` maps to the default instance
+            (methods that need arguments have none); a subclass with a name registers it.
         uses_jacobians: False when the method is plain back-propagation through ``lax.scan``
             (every JAX transformation then works as on ``lax.scan``).
     """
 
     name: ClassVar[str | None] = None
     uses_jacobians: ClassVar[bool] = True
+    # Every method with a name, by name: filled as the classes are defined (the one registry
+    # of method names; :func:`bppsa.scan.resolve` reads it).
+    registry: ClassVar[dict[str, type[Method]]] = {}
     # Whether the backward also runs on a vmapped batch as an axis of its arrays
     # (Problem.batched_problem): maps and cotangents with a batch axis after the step axis.
     batches: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if isinstance(name, str):
+            if Method.registry.get(name, cls) is not cls:
+                raise TypeError(
+                    f"a backward method named {name!r} exists already: "
+                    f"{Method.registry[name].__qualname__}."
+                )
+            Method.registry[name] = cls
 
     def concrete(self, problem: Problem) -> Method:
         """The method that runs ``problem`` (a policy such as ``Auto`` returns another one)."""

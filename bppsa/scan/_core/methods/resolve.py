@@ -6,15 +6,9 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
 from bppsa.scan._core.methods.base import Method
-from bppsa.scan._core.methods.blelloch import Blelloch
-from bppsa.scan._core.methods.chunked import Chunked
-from bppsa.scan._core.methods.sequential import Sequential
-from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.newton import Newton
 
-METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Auto, Blelloch, Chunked, Sequential, SequentialScan)
-}
+METHODS = Method.registry  # filled by the method classes as they are defined
 
 
 def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
@@ -33,7 +27,7 @@ def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
         return _by_name(METHODS, method, argname, "backward method", example)
     raise TypeError(
         f"{argname} must be a method object (e.g. bppsa.Blelloch()) or one of "
-        f"{', '.join(repr(name) for name in METHODS)}; got {type(method).__name__}."
+        f"{', '.join(repr(name) for name in sorted(METHODS))}; got {type(method).__name__}."
     )
 
 
@@ -73,7 +67,7 @@ def _by_name(registry: dict, name: str, argname: str, what: str, example: str):
     try:
         return registry[name.lower()]()
     except KeyError:
-        valid = ", ".join(repr(key) for key in registry)
+        valid = ", ".join(repr(key) for key in sorted(registry))
         raise ValueError(
             f"{argname}={name!r} is not a known {what}; expected one of {valid}, or {example}."
         ) from None
