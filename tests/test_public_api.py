@@ -51,6 +51,7 @@ DOCTEST_MODULES = [
     "bppsa.scan._core.methods.sharded",
     "bppsa.scan._core.newton",
     "bppsa.scan._core.auto_forward",
+    "bppsa.scan._profile",
     "bppsa.models._classifier",
     "bppsa.models._chain",
     "bppsa.models._pruning",
