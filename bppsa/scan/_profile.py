@@ -36,6 +36,8 @@ class Profile:
             floats (summed over the batch), as a power of two within ``block_steps``.
         parallel_work: ``Auto()`` scans the Jacobians up to this many Jacobian floats per step
             over the batch, whatever the rest.
+        single_element: for one example outside ``jax.vmap``, ``Auto()`` scans the Jacobians
+            only where a step's Jacobian stores at least this many floats per carry float.
         long, parallel_state: from ``long`` steps, structured Jacobians stay parallel up to
             ``parallel_state`` carry floats per step over the batch.
         inputs, inputs_length, inputs_state: with ``inputs`` floats of ``xs`` per step or more,
@@ -70,6 +72,8 @@ class Profile:
     block_steps: tuple[int, int] = (64, 8192)
     # benchmarks/speed.py, benchmarks/results/cpu_full_v2.json and floor3/
     parallel_work: int = 1024
+    # benchmarks/total.py, benchmarks/results/one_core/total_run{1,2,3}.json
+    single_element: float = 2.0
     long: int = 2048
     parallel_state: int = 4096
     # experiments/gru_irmas.py breakdown (the IRMAS page of the docs) and benchmarks/speed.py

@@ -156,3 +156,32 @@ def test_auto_sees_the_features_per_step_of_a_scan():
             jax.eval_shape(bppsa.grad(loss), params, xs, index)
         runs[features] = plans[-1].method
     assert isinstance(runs[12], Blocked) and runs[1] == Sequential()
+
+
+def test_auto_runs_back_propagation_for_one_unvmapped_example_of_a_thin_jacobian():
+    # One example outside jax.vmap: lax.scan's steps are matrix-vector products, and the blocked
+    # scan pays only where a step's Jacobian stores several floats per carry float (the GRU's
+    # 4n, not the RNN's n).
+    assert Auto().choose(10_000, 20, "cpu", element=20, single=True) == Sequential()
+    assert isinstance(Auto().choose(10_000, 20, "cpu", element=80, single=True), Blocked)
+    assert isinstance(Auto().choose(10_000, 20, "cpu", element=20), Blocked)
+    assert Auto().choose(10_000, 20, "gpu", element=20, single=True) == Blelloch()
+    params = GRU().init(1, 4, key=jax.random.key(0))
+    rnn = bppsa.models.RNN().init(1, 4, key=jax.random.key(0))
+    xs = jnp.ones((50, 1))
+
+    def loss(cell, params, xs):
+        return bppsa.scan(lambda h, x: (cell(params, h, x), None), jnp.zeros(4), xs)[0].sum()
+
+    def unvmapped(cell):
+        return lambda p: loss(cell, p, xs)
+
+    def vmapped(cell):  # a batch of one example
+        return lambda p: jax.vmap(lambda x: loss(cell, p, x), in_axes=1)(xs[:, None]).sum()
+
+    with bppsa.trace_plans() as plans:
+        for cell, p in ((bppsa.models.rnn_cell, rnn), (bppsa.models.gru_cell, params)):
+            jax.eval_shape(bppsa.grad(unvmapped(cell)), p)
+            jax.eval_shape(bppsa.grad(vmapped(cell)), p)
+    picked = [plan.method for plan in plans]
+    assert picked[0] == Sequential() and all(isinstance(m, Blocked) for m in picked[1:]), picked

@@ -67,6 +67,7 @@ class Footprint:
         batch: examples served at once through ``jax.vmap``.
         size: the state size ``n`` that ``Auto.choose`` sees.
         inputs: floats of one step's floating-point ``xs`` for one example.
+        vmapped: whether the scan runs under ``jax.vmap`` (of size 1 too).
     """
 
     length: int
@@ -77,6 +78,12 @@ class Footprint:
     batch: int = 1
     size: int = 0
     inputs: int = 0
+    vmapped: bool = True
+
+    @property
+    def single(self) -> bool:
+        """One example outside ``jax.vmap``, without batch dims in its carry."""
+        return not self.vmapped and self.batch == 1 and self.state == self.size
 
     def describe(self) -> str:
         return (
@@ -104,6 +111,7 @@ def footprint(
     itemsize: int,
     batch: int = 1,
     inputs: int = 0,
+    vmapped: bool = True,
 ) -> Footprint:
     """The footprint of a scan from the shape of its stacked Jacobians.
 
@@ -115,10 +123,11 @@ def footprint(
         itemsize: bytes per float.
         batch: vmapped examples.
         inputs: floats of one step's floating-point ``xs`` for one example.
+        vmapped: whether the scan runs under ``jax.vmap``.
     """
     if jac_t is None:
         dense = state * state
-        return Footprint(length, state, dense, dense, itemsize, batch, state, inputs)
+        return Footprint(length, state, dense, dense, itemsize, batch, state, inputs, vmapped)
     return Footprint(
         length,
         state,
@@ -128,6 +137,7 @@ def footprint(
         batch=batch,
         size=jac_t.size,
         inputs=inputs,
+        vmapped=vmapped,
     )
 
 

@@ -49,6 +49,7 @@ class Problem:
     reverse: bool
     batch: int
     batched: bool = False
+    vmapped: bool = True  # whether a jax.vmap batches the scan (of size 1 too)
 
     def batched_problem(self) -> Problem:
         """This scan for a whole batch at once: the steps are vmapped over the examples (with
@@ -99,6 +100,7 @@ class Problem:
             length=self.length,
             itemsize=jnp.dtype(layout.dtype).itemsize,
             batch=self.batch,
+            vmapped=self.vmapped,
             inputs=sum(math.prod(a.shape[1:]) for a in jax.tree.leaves(self.xs) if is_float(a)),
         )
 
@@ -125,6 +127,7 @@ def prepare(
     promoted = arguments.promote_weak_types(init, carry_out)
     if _avals(promoted) != _avals(init):  # a weakly typed init: trace again, as lax.scan does
         body = trace_body(f, promoted, x_example)
+    vmapped = tracing.under_vmap((init, xs))
     if batch is None:
         batch = tracing.vmapped_batch_size((init, xs))
     problem = Problem(
@@ -134,6 +137,7 @@ def prepare(
         length=num_steps,
         reverse=reverse,
         batch=batch,
+        vmapped=vmapped,
     )
     return problem, promoted
 

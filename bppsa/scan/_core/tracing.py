@@ -99,7 +99,23 @@ def vmapped_batch_size(inputs: Any) -> int:
         return 1
 
 
+def under_vmap(inputs: Any) -> bool:
+    """Whether a ``jax.vmap`` batches any leaf of ``inputs`` (of size 1 too); ``True`` where
+    JAX's traces cannot be read (the rules measured under ``jax.vmap`` then apply)."""
+    if _core is None:
+        return True
+    try:
+        return any(_batch_sizes(leaf) for leaf in jax.tree.leaves(inputs))
+    except (AttributeError, TypeError) as err:
+        record_problem("batch", f"cannot read the jax.vmap traces ({err!r})")
+        return True
+
+
 def _batch_size(value: Any) -> int:
+    return math.prod(_batch_sizes(value))
+
+
+def _batch_sizes(value: Any) -> list[int]:
     sizes = []
     trace = _core.trace_ctx.trace
     while trace is not None:
@@ -112,7 +128,7 @@ def _batch_size(value: Any) -> int:
         else:
             break
         trace = trace.parent_trace
-    return math.prod(sizes)
+    return sizes
 
 
 def current_options() -> Any:

@@ -65,6 +65,7 @@ class Auto(Method):
         batch: int = 1,
         element: int | None = None,
         inputs: int = 0,
+        single: bool = False,
     ) -> Method:
         """The method used for a scan.
 
@@ -77,6 +78,10 @@ class Auto(Method):
                 RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
             inputs: floats of one step's floating-point ``xs`` for one example (the features
                 per frame); on CPUs more of them favour the parallel methods.
+            single: one example outside ``jax.vmap`` (its ``lax.scan`` steps are
+                matrix-vector products, faster than a vmapped batch of one): on CPUs the scan
+                over the Jacobians must store the profile's ``single_element`` floats per
+                state float to pay.
 
         Returns:
             A concrete method; ``Sequential()`` means plain back-propagation.
@@ -84,7 +89,8 @@ class Auto(Method):
         profile = self.profile_for(backend)
         if not profile.measured_rules:
             return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element)
-        if not _parallel_pays(profile, length, size, batch, _element(size, element), inputs):
+        element = _element(size, element)
+        if not _parallel_pays(profile, length, size, batch, element, inputs, single):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element)
 
@@ -131,7 +137,13 @@ class Auto(Method):
         if parallel:
             return self.parallel(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
         return self.choose(
-            fp.length, fp.size, backend, batch=fp.batch, element=fp.element, inputs=fp.inputs
+            fp.length,
+            fp.size,
+            backend,
+            batch=fp.batch,
+            element=fp.element,
+            inputs=fp.inputs,
+            single=fp.single,
         )
 
     def concrete(self, problem):
@@ -193,9 +205,11 @@ def _fastest(candidates, length, size, profile, batch, element) -> Method:
     return min(times, key=times.get)
 
 
-def _parallel_pays(p: Profile, length: int, size: int, batch: int, element: int, inputs: int):
+def _parallel_pays(p: Profile, length, size, batch, element, inputs, single=False) -> bool:
     """Whether the blocked scan over the Jacobians beats back-propagation, by ``p``'s measured
     thresholds (see :class:`bppsa.Profile`)."""
+    if single and element < p.single_element * size:
+        return False
     if batch * element <= p.parallel_work:
         return True
     if element >= size * size:  # dense Jacobians: the chain's steps are full products
