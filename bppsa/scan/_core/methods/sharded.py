@@ -37,12 +37,13 @@ from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from bppsa.scan._algorithms import aggregate
+from bppsa.scan._algorithms import aggregate, apply, combine
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
 from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._elements import Dense
 
 EXCHANGES = ("all_gather", "ppermute")
 FORWARDS = ("replicated", "pipelined")
@@ -208,8 +209,7 @@ class Sharded(JacobianMethod):
             offsets = lax.all_gather(offset, axis)
 
             def fold(g, q):  # from the last device back: g entering device q - 1
-                g_before = _matvec(matrices[q], g) + offsets[q]
-                return g_before, g
+                return apply(g[None], _element(matrices[q], offsets[q]))[0], g
 
             _, g_ends = lax.scan(fold, g_last, jnp.arange(devices), reverse=True)
             return g_ends[me]
@@ -222,12 +222,12 @@ class Sharded(JacobianMethod):
             o_in = lax.ppermute(offset, axis, perm)
             has_in = me + shift < devices
             # this map (earlier) after the received one (later): M = M_me @ M_in
-            new_matrix = matrix @ m_in
-            new_offset = _matvec(matrix, o_in) + offset
+            composed, new_offset = combine(_element(m_in, o_in), _element(matrix, offset))
+            new_matrix, new_offset = composed.a[0], new_offset[0]
             matrix = jnp.where(has_in, new_matrix, matrix)
             offset = jnp.where(has_in, new_offset, offset)
             shift *= 2
-        g_start = _matvec(matrix, g_last) + offset  # entering this slice
+        g_start = apply(g_last[None], _element(matrix, offset))[0]  # entering this slice
         g_end = lax.ppermute(g_start, axis, [(src, src - 1) for src in range(1, devices)])
         return jnp.where(me == devices - 1, g_last, g_end)
 
@@ -301,8 +301,9 @@ def _slices(length: int, devices: int):
     return per_device, pad, jnp.arange(devices * per_device) >= pad
 
 
-def _matvec(matrix, vector):
-    return jnp.einsum("...ij,...j->...i", matrix, vector)
+def _element(matrix, offset):
+    """One affine map ``g -> matrix g + offset`` as an element of the scans (a stack of one)."""
+    return Dense(matrix[None]), offset[None]
 
 
 def _select(condition, on_true, on_false):
