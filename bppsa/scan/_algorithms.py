@@ -104,28 +104,31 @@ def blelloch(
     and an identity at the root gives the same prefixes; the inclusive form avoids having to
     represent the identity in every element type.
 
-    Args and returns: as :func:`sequential`; ``levels`` (for a list of maps only, see
-    :func:`chain_scan`) limits the parallel up-sweep levels, with a linear scan in between.
+    Args and returns: as :func:`sequential`; ``levels`` limits the parallel up-sweep levels
+    (``None``: all of them): after ``levels`` levels, a linear scan over the elements left,
+    then as many down-sweep levels (the paper's heterogeneous scan, for fewer workers than
+    elements; ``0`` is the sequential scan).
     """
     if isinstance(linear, list | tuple):
         return _over_list(g_last, linear, offsets, levels=levels)
-    if levels is not None:
-        raise ValueError(
-            f"bppsa.scan: Blelloch(levels={levels}) limits the parallel levels of a scan over "
-            "layers (Chain.apply); a scan over time steps runs all of them: use "
-            "bppsa.Blelloch()."
-        )
+    _check_levels(levels)
     if offsets is None:
         offsets = jnp.zeros((len(linear), *g_last.shape), g_last.dtype)
     # The sweeps below index the sequence in scan order: the latest step first.
-    return blelloch_scan_order(g_last, linear.flip(), offsets[::-1])[::-1]
+    return blelloch_scan_order(g_last, linear.flip(), offsets[::-1], levels)[::-1]
 
 
-def blelloch_scan_order(g_last: Array, linear: MapStack, offsets: Array) -> Array:
-    """:func:`blelloch` with inputs and outputs in scan order (latest step first)."""
-    levels = []
+def blelloch_scan_order(
+    g_last: Array, linear: MapStack, offsets: Array, up_levels: int | None = None
+) -> Array:
+    """:func:`blelloch` with inputs and outputs in scan order (latest step first), with at most
+    ``up_levels`` up-sweep levels (``None``: all)."""
+    levels, rest = [], None
     v, a, b = g_last[None], linear, offsets
     while len(a) > 0:
+        if up_levels is not None and len(levels) == up_levels:
+            rest = (a, b)  # the elements left at the top, for a linear scan
+            break
         levels.append((v, a, b))
         m = len(a)
         pairs = (m - 1) // 2
@@ -142,7 +145,9 @@ def blelloch_scan_order(g_last: Array, linear: MapStack, offsets: Array) -> Arra
             break
         a, b = next_a, next_b
 
-    prefixes = v  # every level's sequence starts with a vector; at the top it is alone
+    # Every level's sequence starts with a vector; at the top it is alone, or, where the levels
+    # stopped early, followed by the elements left, which a linear scan takes in order.
+    prefixes = v if rest is None else sequential(v[0], rest[0].flip(), rest[1][::-1])[::-1]
     for v, a, b in reversed(levels):
         m = len(a)
         pairs = (m - 1) // 2

@@ -188,10 +188,13 @@ def test_methods_without_a_layer_scan_are_refused(method):
         jax.jit(bppsa.grad(lambda p: jnp.sum(chain.apply(p, x)), method=method))(params)
 
 
-def test_levels_over_time_steps_are_refused():
-    f = lambda w: bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), None), 0.0, jnp.ones(5))[0]
-    with pytest.raises(ValueError, match="scan over layers"):
-        bppsa.grad(f, method=bppsa.Blelloch(levels=1))(0.5)
+def test_levels_over_time_steps_run_too(x64):
+    f = lambda w, scan: scan(lambda h, x: (jnp.tanh(w * h + x), h), 0.0, jnp.linspace(0, 1, 23))
+    loss = lambda w, scan: jnp.sum(f(w, scan)[1] ** 2) + f(w, scan)[0]
+    expected = jax.grad(loss)(0.5, jax.lax.scan)
+    for levels in (0, 1, 3):
+        actual = bppsa.grad(loss, method=bppsa.Blelloch(levels=levels))(0.5, bppsa.scan)
+        assert_trees_close(actual, expected, jnp.float64)
     with pytest.raises(ValueError, match="levels"):
         bppsa.Blelloch(levels=-1)
 

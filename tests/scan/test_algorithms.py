@@ -53,6 +53,13 @@ def test_chunk_counts(algorithm, length, dtype):
     check_dense(algorithm, length, (2,), dtype)
 
 
+@pytest.mark.parametrize("levels", [0, 1, 2, 5])
+@pytest.mark.parametrize("length", [1, 2, 3, 5, 17, 100])
+def test_blelloch_with_fewer_levels(levels, length, dtype):
+    """``levels`` up-sweep levels, a linear scan over what is left, then the down-sweep."""
+    check_dense(functools.partial(blelloch, levels=levels), length, (2,), dtype)
+
+
 def check_dense(algorithm, length, batch, dtype):
     g, a, b = random_problem(length, batch, 4, dtype)
     # Jitted: dispatching every operation of the sweeps eagerly would dominate the test time.

@@ -16,10 +16,10 @@ class Blelloch(JacobianMethod):
     """BPPSA's modified Blelloch scan: ``Theta(log T)`` levels (MLSys 2020, Wang et al.).
 
     Args:
-        levels: over a chain of layers (``Chain.apply``), how many parallel up-sweep levels
-            run before a linear scan over what is left (``None``: all of them). The products of
-            pruned convolutions fill in quickly, which is why the paper's analysis of VGG-11
-            ran two. Over time steps only ``None`` is supported.
+        levels: how many parallel up-sweep levels run before a linear scan over what is left
+            (``None``: all of them; ``0``: the sequential scan), over time steps and over a
+            chain of layers (``Chain.apply``) alike. The products of pruned convolutions fill
+            in quickly, which is why the paper's analysis of VGG-11 ran two.
     """
 
     levels: int | None = None
