@@ -84,7 +84,9 @@ def test_batch_overrides_the_vmap_batch():
             bppsa.scan(body, jnp.ones(4), XS, batch=batch)
         (plan,) = plans
         assert plan.batch == (batch or 1)
-        assert plan.method == bppsa.Auto().choose(10, 4, batch=batch or 1, element=4)
+        # Outside jax.vmap, one example (batch None or 1) is a single sequence.
+        single = (batch or 1) == 1
+        assert plan.method == bppsa.Auto().choose(10, 4, batch=batch or 1, element=4, single=single)
     with bppsa.trace_plans() as plans:
         jax.vmap(lambda xs: bppsa.scan(body, jnp.ones(4), xs)[0])(jnp.stack([XS] * 6))
     assert plans[0].batch == 6

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from bppsa.scan._core import arguments, plans, vjp
 from bppsa.scan._core.forward import Forward, SequentialForward
-from bppsa.scan._core.methods import Auto, Method, resolve
+from bppsa.scan._core.methods import Auto, Method, policy, resolve
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
 
@@ -110,7 +110,7 @@ def scan(
     forward = options.forward or FORWARD
     batch = _check_batch(batch)
     problem, init, requested, concrete = _prepare(
-        options.method or Auto(), f, init, xs, length, reverse, batch
+        options.method or Auto(), f, init, xs, length, reverse, batch, bool(options.check_finite)
     )
     plan = plans.record(
         requested=requested,
@@ -176,14 +176,16 @@ def estimate_memory(
     return concrete.memory(problem.footprint)
 
 
-def _prepare(requested: Method, f, init, xs, length, reverse: bool, batch: int | None):
+def _prepare(requested: Method, f, init, xs, length, reverse, batch, check_finite=False):
     """What :func:`scan` and :func:`estimate_memory` share: the prepared scan, its promoted
     initial carry, the requested method (``Auto()`` turns into plain BP for a complex carry)
-    and the concrete method it runs."""
+    and the concrete method it runs (with ``check_finite``, one whose backward checks)."""
     problem, init = prepare(f, init, xs, length, reverse=reverse, batch=batch)
     complex_leaves = arguments.complex_leaves(init)
     if complex_leaves:
         requested = requested.for_complex_carry(complex_leaves)
+    if check_finite:
+        return problem, init, requested, policy.checking(requested, problem)
     return problem, init, requested, requested.concrete(problem)
 
 

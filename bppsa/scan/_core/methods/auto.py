@@ -191,6 +191,12 @@ def _for_chain(method: Auto, work):
     return method.for_chain(work())
 
 
+@policy.checking.register
+def _checking(method: Auto, problem):
+    # The finiteness check is part of the Jacobian backward: Auto's parallel pick.
+    return method.for_footprint(problem.footprint, parallel=True)
+
+
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
 
 

@@ -42,6 +42,14 @@ def for_chain(method: Method, work: Callable[[], ChainWork]) -> Method:
 
 
 @functools.singledispatch
+def checking(method: Method, problem) -> Method:
+    """The concrete method of a scan whose backward checks for non-finite values
+    (``check_finite``): ``method.concrete(problem)`` (a policy registers a rule that keeps to
+    the Jacobian backward, which holds the check)."""
+    return method.concrete(problem)
+
+
+@functools.singledispatch
 def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None = None) -> Method:
     """The method that runs the backward of a scan of footprint ``fp`` within ``limit`` bytes
     (``None``: the default device's available memory): ``method`` itself, if it fits.
