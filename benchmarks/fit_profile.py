@@ -2,7 +2,7 @@
 
 Reads the JSON files of ``benchmarks.speed`` (every row keeps the HLO count of each compiled
 backward: kernels in sequence, flops, bytes; see :mod:`benchmarks._speed_model`), fits the
-:class:`bppsa.scan._core.cost.Profile` (step latency, FLOP rate, bandwidth) that best predicts the
+:class:`bppsa.Profile`'s rates (step latency, FLOP rate, bandwidth) that best predicts the
 measured median backward times (:func:`benchmarks.hlo_cost.fit_profile`, least squares in log
 time), and prints measured / predicted for every (row, method), with the spread.
 
@@ -65,6 +65,11 @@ def main(argv=None) -> None:
     print(
         f"measured/model: median {statistics.median(ratios):.2f}, quartiles "
         f"{quartiles[0]:.2f}-{quartiles[-1]:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
+    )
+    print(
+        "to use it: bppsa.set_profile('cpu', dataclasses.replace(bppsa.get_profile('cpu'), "
+        f"flops={profile.flops:.4g}, bandwidth={profile.bandwidth:.4g}, "
+        f"step_latency={profile.step_latency:.4g}))"
     )
     if args.out:
         write_json(

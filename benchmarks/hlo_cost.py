@@ -35,7 +35,8 @@ from typing import Protocol
 
 import numpy as np
 
-from bppsa.scan._core.cost import Cost, Profile
+from bppsa.scan._core.cost import Cost
+from bppsa.scan._profile import Profile, get_profile
 
 # An assumption: a transcendental is evaluated as a short polynomial, a few FMAs on every device
 # (XLA's own cost analysis counts them apart from flops).
@@ -354,7 +355,9 @@ def _log_errors(costs: np.ndarray, log_measured: np.ndarray, params: np.ndarray)
     return ((np.log(costs[:, 0] * latency + throughput) - log_measured) ** 2).sum(axis=1)
 
 
-def fit_profile(samples: list[tuple[Cost, float]], name: str) -> Profile:
+def fit_profile(
+    samples: list[tuple[Cost, float]], name: str, base: Profile | None = None
+) -> Profile:
     """The profile whose predictions best fit measured times, in squared log error.
 
     A log-spaced grid search over the step latency (1 ns to 1 ms), the FLOP rate (1e8 to 1e13)
@@ -364,9 +367,11 @@ def fit_profile(samples: list[tuple[Cost, float]], name: str) -> Profile:
     Args:
         samples: pairs of a :class:`Cost` and its measured time in seconds (> 0).
         name: the name of the profile.
+        base: the profile whose other constants it keeps (default: the CPU's,
+            ``bppsa.get_profile("cpu")``).
 
     Returns:
-        The fitted :class:`Profile`.
+        ``base`` with the fitted rates and ``name``.
     """
     if not samples:
         raise ValueError("samples: expected at least one (Cost, seconds) pair")
@@ -384,7 +389,13 @@ def fit_profile(samples: list[tuple[Cost, float]], name: str) -> Profile:
         grid = np.clip(best + local.reshape(-1, 3), BOUNDS[:, 0], BOUNDS[:, 1])
         best, step = grid[np.argmin(_log_errors(costs, log_measured, grid))], step / 2
     latency, rate, bandwidth = 10.0**best
-    return Profile(name, flops=float(rate), bandwidth=float(bandwidth), step_latency=float(latency))
+    return dataclasses.replace(
+        base or get_profile("cpu"),
+        name=name,
+        flops=float(rate),
+        bandwidth=float(bandwidth),
+        step_latency=float(latency),
+    )
 
 
 def errors(samples: list[tuple[Cost, float]], profile: Profile) -> list[float]:
