@@ -7,7 +7,8 @@
 # does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
 # CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
 # Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end),
-# sharded_gpu.json (bppsa.Sharded on the device, if time is left), newton_gpu.jsonl (the Newton
+# sharded_gpu.json (bppsa.Sharded on the device, if time is left), total_gpu.json (one
+# sequence's total gradient time, if time is left), newton_gpu.jsonl (the Newton
 # forward, if time is left), vgg11_gpu/benchmark.json (the pruned VGG-11's backward over its
 # layers, if time is left) and speed_gpu.log into $OUT (the device tool's output folder), else
 # results/.
@@ -72,6 +73,16 @@ if ((status == 0 || status == 124 || status == 137)) && ((left >= 45)); then
     timeout --kill-after=10 "$left" python3 -m benchmarks.sharded "${sharded_args[@]}" \
         --out "$out_dir/sharded_gpu.json" 2>&1 | tee -a "$log" ||
         echo "gpu.sh: benchmarks.sharded exit $? (the speed results stand)" | tee -a "$log"
+fi
+# One sequence outside jax.vmap (benchmarks/total.py: RNN and GRU, H = 20): bppsa.grad's
+# default against jax.grad in total time, T = 1k to 100k, if time is left.
+total_args=(--cells rnn gru --lengths 1000 10000 100000 --repeats 5)
+[[ " $* " == *" --dry-run "* ]] && total_args=(--cells rnn --lengths 5 --repeats 1)
+left=$((deadline - SECONDS))
+if ((status == 0 || status == 124 || status == 137)) && ((left >= 40)); then
+    timeout --kill-after=10 "$left" python3 -m benchmarks.total "${total_args[@]}" \
+        --out "$out_dir/total_gpu.json" 2>&1 | tee -a "$log" ||
+        echo "gpu.sh: benchmarks.total exit $? (the speed results stand)" | tee -a "$log"
 fi
 # The Newton forward (benchmarks/newton.py, H = 20, float32): iterations and fallbacks at
 # T = 1k and 10k, and the wall-clock of the forward (against lax.scan) and of whole gradients

@@ -107,6 +107,13 @@ def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     assert set(sharded["rows"][0]["methods"]) == {"bp", "all_gather", "ppermute", "pipelined"}
 
 
+def test_dry_run_also_runs_the_single_sequence_totals(dry_run):
+    _, out = dry_run
+    total = json.loads((out / "total_gpu.json").read_text())
+    assert [(r["cell"], r["length"]) for r in total["rows"]] == [("rnn", 5)]
+    assert total["rows"][0]["bp_min_s"] > 0 and total["rows"][0]["bppsa_min_s"] > 0
+
+
 def test_dry_run_also_runs_the_newton_benchmark(dry_run):
     _, out = dry_run
     rows = [json.loads(line) for line in (out / "newton_gpu.jsonl").read_text().splitlines()]
