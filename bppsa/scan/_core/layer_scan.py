@@ -26,13 +26,16 @@ input gradient in dense back-propagation (``chain.dense_work(layer, output_shape
 where pruning does not thin it), its ``forward`` and its ``shapes``: the layers register their
 Jacobians with the core this way (:class:`bppsa.models.Chain`), never the other way round.
 
-The memory guard runs between 1 and 2, at trace time: the products the scan would form are
+The memory guard of the scans over time (:func:`bppsa.scan._core.methods.policy.fit`, with the
+chain's accounting registered here for its :class:`ChainFootprint`) runs between 1 and 2, at
+trace time: the products the scan would form are
 known from the static patterns, so a scan that would not fit raises
 :class:`bppsa.MemoryLimitError` (listing the levels that would fit) before anything runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -41,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bppsa.scan import _chain
-from bppsa.scan._core import memory, options, plans
+from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.linear import linear_map
 from bppsa.scan._core.memory import MemoryLimitError, human
@@ -189,11 +192,7 @@ def _backward(chain, method, requested, limit, plan, params, inputs, masks, g):
     """``(ct_params, ct_x)`` from the output cotangent ``g``: every layer's transposed Jacobian,
     the memory guard, ``method``'s scan over the layers, then each layer's parameter VJP."""
     maps = layer_maps(chain, params, inputs, masks)
-    levels = chain_levels(method)
-    need = _footprint_bytes(maps, inputs, levels)
-    limit_bytes = memory.available_bytes() if limit is None else limit
-    if need > limit_bytes:
-        raise _memory_error(requested, method, need, limit, limit_bytes, maps, inputs)
+    policy.fit(method, ChainFootprint(maps, inputs, requested), limit)
     if plan is not None:
         plan.backward = method
     batch = g.shape[0]
@@ -297,6 +296,27 @@ def _footprint_bytes(maps: Sequence, inputs: Sequence, levels) -> int:
 
 def _itemsize(x) -> int:
     return jnp.dtype(x.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChainFootprint:
+    """What the memory guard (:func:`bppsa.scan._core.methods.policy.fit`) weighs for a chain
+    of layers: their transposed Jacobians (``None`` for an identity), the inputs the forward
+    keeps, and the method the user asked for (its error names it)."""
+
+    maps: list
+    inputs: list
+    requested: Method
+
+
+@policy.bytes_needed.register
+def _chain_bytes(fp: ChainFootprint, method: Method) -> int:
+    return _footprint_bytes(fp.maps, fp.inputs, chain_levels(method))
+
+
+@policy.over_limit.register
+def _chain_over_limit(fp: ChainFootprint, requested, chosen, need, limit, limit_bytes):
+    return _memory_error(fp.requested, chosen, need, limit, limit_bytes, fp.maps, fp.inputs)
 
 
 def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:

@@ -50,18 +50,33 @@ def checking(method: Method, problem) -> Method:
 
 
 @functools.singledispatch
-def fit(method: Method, fp: Footprint, limit: float | None, backend: str | None = None) -> Method:
-    """The method that runs the backward of a scan of footprint ``fp`` within ``limit`` bytes
-    (``None``: the default device's available memory): ``method`` itself, if it fits.
+def fit(method: Method, fp, limit: float | None, backend: str | None = None) -> Method:
+    """The memory guard of every backward: the method that runs the backward of a scan of
+    footprint ``fp`` (over time steps, a :class:`~bppsa.scan._core.memory.Footprint`; over
+    layers, the chain's) within ``limit`` bytes (``None``: the default device's available
+    memory): ``method`` itself, if it fits.
 
     Raises:
         MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
     """
-    need = method.memory(fp)
+    need = bytes_needed(fp, method)
     limit_bytes = memory.available_bytes() if limit is None else limit
     if need <= limit_bytes:
         return method
-    raise memory_error(method, method, need, limit, limit_bytes, fp)
+    raise over_limit(fp, method, method, need, limit, limit_bytes)
+
+
+@functools.singledispatch
+def bytes_needed(fp: Footprint, method: Method) -> int:
+    """Estimated peak bytes of ``method``'s forward and backward on a scan of footprint ``fp``
+    (a kind of footprint registers its own accounting, as the chain of layers does)."""
+    return method.memory(fp)
+
+
+@functools.singledispatch
+def over_limit(fp: Footprint, requested, chosen, need, limit, limit_bytes) -> MemoryLimitError:
+    """The guard's error for a scan of footprint ``fp`` (registered per kind of footprint)."""
+    return memory_error(requested, chosen, need, limit, limit_bytes, fp)
 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
