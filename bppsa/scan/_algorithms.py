@@ -12,6 +12,7 @@ This is an inclusive scan over ``[g_T, e_T, ..., e_1]`` with the operator ``comb
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,16 +124,62 @@ def blelloch_scan_order(
 ) -> Array:
     """:func:`blelloch` with inputs and outputs in scan order (latest step first), with at most
     ``up_levels`` up-sweep levels (``None``: all)."""
-    levels, rest = [], None
-    v, a, b = g_last[None], linear, offsets
-    while len(a) > 0:
-        if up_levels is not None and len(levels) == up_levels:
-            rest = (a, b)  # the elements left at the top, for a linear scan
-            break
-        levels.append((v, a, b))
-        m = len(a)
+    return sweeps(g_last[None], _Stack(linear, offsets), up_levels)
+
+
+def _over_list(g_last, maps, offsets, levels):
+    if offsets is not None:
+        raise ValueError("a scan over a list of maps (a chain of layers) takes no offsets.")
+    return chain_scan(g_last, list(maps), levels=levels)
+
+
+def sweeps(vector: Any, sequence: Any, levels: int | None) -> Any:
+    """The modified Blelloch scan over ``[vector, *sequence]`` (scan order: the latest element
+    first), with ``levels`` parallel up-sweep levels (``None``: all), a linear scan over what is
+    left at the top, and as many down-sweep levels. Returns the inclusive prefixes, in scan
+    order.
+
+    The one loop of every Blelloch scan here: ``sequence`` is a level's elements as a stack
+    (:class:`_Stack`: each level's pairs combined in one product, for the steps of a scan over
+    time) or as a list (:class:`_List`: one product per pair, unrolled at trace time, for the
+    layers of a chain, whose maps differ in shape; also the symbolic plan of
+    :func:`bppsa.scan.chain_plan`). Each level: the leftmost element is applied to the vector
+    (the left spine stays matrix-vector), the other elements are combined in adjacent pairs
+    (an odd one at the end is carried up unchanged); on the way down, the prefix of a pair's
+    right element is the pair's prefix one level up, and its left element's is the previous
+    pair's followed by that element.
+    """
+    kept, level = [], 0
+    while len(sequence) and (levels is None or level < levels):
+        kept.append((vector, sequence))
+        level += 1
+        up = sequence.paired(level)
+        vector = sequence.first_applied(vector, level)
+        sequence = up
+    prefixes = sequence.linear(vector, level)
+    for vector, sequence in reversed(kept):
+        prefixes = sequence.down(vector, prefixes, level)
+        level -= 1
+    return prefixes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stack:
+    """A level of :func:`sweeps` as a stack of maps and their offsets (``None``: no elements);
+    the vector and the prefixes are stacked arrays ``(k, *batch, n)``."""
+
+    maps: MapStack | None
+    offsets: Array | None
+
+    def __len__(self) -> int:
+        return 0 if self.maps is None else len(self.maps)
+
+    def first_applied(self, vector, level):
+        return apply(vector, (self.maps.take(0, 1), self.offsets[:1]))
+
+    def paired(self, level) -> _Stack:
+        a, b, m = self.maps, self.offsets, len(self)
         pairs = (m - 1) // 2
-        v = apply(v, (a.take(0, 1), b[:1]))
         if pairs:
             later = (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2])
             earlier = (a.take(2, 2 * pairs + 1, 2), b[2 : 2 * pairs + 1 : 2])
@@ -142,66 +189,64 @@ def blelloch_scan_order(
             next_a = concat([next_a, last_a]) if pairs else last_a
             next_b = jnp.concatenate([next_b, last_b], axis=0) if pairs else last_b
         elif not pairs:
-            break
-        a, b = next_a, next_b
+            return _Stack(None, None)
+        return _Stack(next_a, next_b)
 
-    # Every level's sequence starts with a vector; at the top it is alone, or, where the levels
-    # stopped early, followed by the elements left, which a linear scan takes in order.
-    prefixes = v if rest is None else sequential(v[0], rest[0].flip(), rest[1][::-1])[::-1]
-    for v, a, b in reversed(levels):
-        m = len(a)
+    def linear(self, vector, level):
+        if not len(self):
+            return vector
+        return sequential(vector[0], self.maps.flip(), self.offsets[::-1])[::-1]
+
+    def down(self, vector, prefixes, level):
+        a, b, m = self.maps, self.offsets, len(self)
         pairs = (m - 1) // 2
-        # The prefix of the left element of pair i >= 1 is the prefix of pair i - 1, followed
-        # by that element: a matrix-vector product. Pair 0's left element is the vector itself.
         left = apply(prefixes[:pairs], (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2]))
-        evens = jnp.concatenate([v, left], axis=0)
+        evens = jnp.concatenate([vector, left], axis=0)
         odds = prefixes[: pairs + 1]
         out = jnp.stack([evens, odds], axis=1).reshape(-1, *odds.shape[1:])
         if m % 2 == 0:  # the carried odd element's prefix is the last prefix one level up
             out = jnp.concatenate([out, prefixes[pairs + 1 :]], axis=0)
-        prefixes = out
-    return prefixes
+        return out
 
 
-def _over_list(g_last, maps, offsets, levels):
-    if offsets is not None:
-        raise ValueError("a scan over a list of maps (a chain of layers) takes no offsets.")
-    return chain_scan(g_last, list(maps), levels=levels)
+@dataclasses.dataclass(frozen=True)
+class _List:
+    """A level of :func:`sweeps` as a list of maps: ``vec(map, vector, level, sweep)`` applies
+    a map to a vector, ``mat(later, earlier, level)`` composes two (``later`` applied first);
+    the vector is one array and the prefixes a list."""
 
+    maps: list
+    vec: Callable
+    mat: Callable
 
-def _sweeps(vector: Any, maps: Sequence[Any], levels: int | None, vec: Callable, mat: Callable):
-    """The modified Blelloch scan over ``[vector, *maps]`` (scan order: the latest map first),
-    with ``levels`` parallel up-sweep levels (``None``: all), a linear scan over what is left,
-    and as many down-sweep levels. Returns the inclusive prefixes, in scan order.
+    def __len__(self) -> int:
+        return len(self.maps)
 
-    ``vec(map, vector, level, sweep)`` applies a map to a vector; ``mat(later, earlier,
-    level)`` composes two maps (``later`` applied first). The same driver runs the numbers
-    (:func:`chain_scan`) and the plan (:func:`chain_plan`), so the two cannot disagree.
-    """
-    kept, maps, level = [], list(maps), 0
-    while maps and (levels is None or level < levels):
-        kept.append((vector, maps))
-        level += 1
+    def first_applied(self, vector, level):
+        return self.vec(self.maps[0], vector, level, "up")
+
+    def paired(self, level) -> _List:
+        maps = self.maps
         pairs = (len(maps) - 1) // 2
-        up = [mat(maps[2 * i - 1], maps[2 * i], level) for i in range(1, pairs + 1)]
+        up = [self.mat(maps[2 * i - 1], maps[2 * i], level) for i in range(1, pairs + 1)]
         if (len(maps) - 1) % 2:  # an odd element at the end is carried up unchanged
             up.append(maps[-1])
-        vector = vec(maps[0], vector, level, "up")  # the left spine stays matrix-vector
-        maps = up
-    prefixes = [vector]
-    for element in maps:
-        prefixes.append(vec(element, prefixes[-1], level, "linear"))
-    for vector, maps in reversed(kept):
-        pairs = (len(maps) - 1) // 2
-        # The prefix of pair i's right element is prefix i one level up; its left element's
-        # is prefix i - 1 followed by that element (pair 0's left element is the vector).
+        return dataclasses.replace(self, maps=up)
+
+    def linear(self, vector, level):
+        prefixes = [vector]
+        for element in self.maps:
+            prefixes.append(self.vec(element, prefixes[-1], level, "linear"))
+        return prefixes
+
+    def down(self, vector, prefixes, level):
+        maps, pairs = self.maps, (len(self.maps) - 1) // 2
         out = [vector, prefixes[0]]
         for i in range(1, pairs + 1):
-            out += [vec(maps[2 * i - 1], prefixes[i - 1], level, "down"), prefixes[i]]
+            out += [self.vec(maps[2 * i - 1], prefixes[i - 1], level, "down"), prefixes[i]]
         if len(maps) % 2 == 0:  # the carried element's prefix is the last one up there
             out.append(prefixes[pairs + 1])
-        prefixes, level = out, level - 1
-    return prefixes
+        return out
 
 
 def chain_scan(g_last: Array, maps: Sequence[MapStack], *, levels: int | None = None) -> list:
@@ -211,10 +256,10 @@ def chain_scan(g_last: Array, maps: Sequence[MapStack], *, levels: int | None = 
     Scan Algorithm", MLSys 2020): the inclusive scan over ``[g_L, A_L, ..., A_1]`` with the
     cotangent as the LEFTMOST element, so that the left spine and the whole down-sweep are
     matrix-vector products and only the up-sweep composes maps (see
-    :func:`bppsa.scan.blelloch`). This is the documented twin of
-    :func:`bppsa.scan._algorithms.blelloch_scan_order` for heterogeneous chains: the elements
-    differ in shape and type, so they are a Python list unrolled at trace time rather than one
-    stack, and the products are :func:`bppsa.scan.combine` on ``(A, None)`` elements. The
+    :func:`bppsa.scan.blelloch`), run by the same loop as the scans over time steps
+    (:func:`sweeps`) in its list form: the elements differ in shape and type, so they are a
+    Python list unrolled at trace time rather than one stack, and the products are
+    :func:`bppsa.scan.combine` on ``(A, None)`` elements. The
     paper's pruned VGG-11 ran ``levels=2``: fill-in makes the products of later levels nearly
     dense, so a linear scan is cheaper there.
 
@@ -254,7 +299,7 @@ def chain_scan(g_last: Array, maps: Sequence[MapStack], *, levels: int | None = 
     def mat(later, earlier, level):
         return combine((later, None), (earlier, None))[0]
 
-    return _sweeps(g_last, maps[::-1], levels, vec, mat)[::-1]
+    return sweeps(g_last, _List(list(maps[::-1]), vec, mat), levels)[::-1]
 
 
 def _map_shape(element: MapStack) -> tuple[int, int]:

@@ -27,9 +27,10 @@ import scipy.sparse
 from bppsa.scan._algorithms import (  # noqa: F401 (chain_scan: re-exported)
     _check_levels,
     _check_shapes,
+    _List,
     _map_shape,
-    _sweeps,
     chain_scan,
+    sweeps,
 )
 from bppsa.scan._elements import MapStack
 from bppsa.scan._sparse import (
@@ -203,7 +204,7 @@ def chain_plan(
         return _Symbol(plan.shape, out, plan.copies, index)
 
     n_last = symbols[-1].shape[1] if symbols else 0
-    _sweeps(_Symbol((n_last,), None, batch, None), symbols[::-1], levels, vec, mat)
+    sweeps(_Symbol((n_last,), None, batch, None), _List(symbols[::-1], vec, mat), levels)
     critical = _critical(rows)
     return [ChainRow(critical=c, **row) for row, c in zip(rows, critical)]
 
