@@ -92,7 +92,14 @@ def test_tiny_train_and_sweep_write_results_that_the_figures_draw(tmp_path, caps
         {"sweep": "T", "length": 8, "batch": 4},
         {"sweep": "B", "length": 8, "batch": 2},
     ]
-    assert all(r["methods"]["bppsa"]["backward_speedup"] is not None for r in rows)
+    for r in rows:
+        # A backward time is grad - forward, a difference of two medians: at T = 8 on a busy
+        # machine it can come out <= 0, and then no speedup is recorded (asserting one made
+        # this test fail by chance).
+        ours, bp = r["methods"]["bppsa"], r["methods"]["bp"]
+        measured = None not in (ours["backward_s"], bp["backward_s"]) and ours["backward_s"] > 0
+        assert (ours["backward_speedup"] is not None) == measured
+        assert ours["overall_speedup"] > 0
     assert rnn_synthetic.main(sweep) == 0  # resumed: every point is done, none is rerun
     assert len(fig8.load_sweep(tmp_path / "sweep-quick")[1]) == 2
 
