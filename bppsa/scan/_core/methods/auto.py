@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan._core import cost, memory
 from bppsa.scan._core.methods import policy
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, memory_of
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
@@ -149,9 +149,6 @@ class Auto(Method):
     def concrete(self, problem):
         return self.for_footprint(problem.footprint)
 
-    def memory(self, fp):
-        return self.for_footprint(fp).memory(fp)
-
     def fit(self, fp, limit, backend: str | None = None):
         """The parallel method :meth:`parallel` picks, or else the first lower-memory method of
         the memory guard's list that fits (``Auto()``'s rule of
@@ -229,3 +226,8 @@ def _parallel_pays(p: Profile, length, size, batch, element, inputs, single=Fals
 
 def _element(size: int, element: int | None) -> int:
     return size * size if element is None else element
+
+
+@memory_of.register
+def _memory(method: Auto, fp):
+    return method.for_footprint(fp).memory(fp)

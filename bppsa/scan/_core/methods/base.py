@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jax import Array
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
 
 
-class Method(abc.ABC):
+class Method:
     """A backward method: owns how a scan is differentiated.
 
     Methods are values: hashable and compared by their settings (frozen dataclasses), since the
@@ -54,14 +55,16 @@ class Method(abc.ABC):
         """The method that runs ``problem`` (a policy such as ``Auto`` returns another one)."""
         return self
 
-    @abc.abstractmethod
     def memory(self, fp: Footprint) -> int:
-        """Estimated peak bytes of a scan's forward and backward with this method."""
+        """Estimated peak bytes of a scan's forward and backward with this method
+        (:func:`memory_of`, registered beside each method)."""
+        return memory_of(self, fp)
 
     def cost(self, fp: Footprint) -> Cost | None:
-        """Predicted steps, arithmetic and bytes of the backward (:mod:`bppsa.scan._core.cost`);
-        ``None`` where the model does not cover the method."""
-        return None
+        """Predicted steps, arithmetic and bytes of the backward (:func:`cost_of`, registered
+        beside each method; :mod:`bppsa.scan._core.cost`); ``None`` where the model does not
+        cover the method."""
+        return cost_of(self, fp)
 
     def for_complex_carry(self, leaves: list) -> Method:
         """The method for a carry with complex ``leaves``: the Jacobian methods refuse it."""
@@ -69,7 +72,7 @@ class Method(abc.ABC):
         return self
 
 
-class JacobianMethod(Method):
+class JacobianMethod(Method, abc.ABC):
     """A method whose backward scans the transposed Jacobians of all steps (BPPSA).
 
     Subclasses give the linear :meth:`scan` and its memory (:meth:`span_floats`); the default
@@ -100,12 +103,10 @@ class JacobianMethod(Method):
         """The forward pass this method runs when the scan asks for ``forward``: that one."""
         return forward
 
-    @abc.abstractmethod
     def span_floats(self, fp: Footprint, steps: int) -> float:
-        """Floats per example of the backward of ``steps`` steps evaluated at once."""
-
-    def memory(self, fp: Footprint) -> int:
-        return fp.bytes(fp.residual_floats() + self.span_floats(fp, fp.length))
+        """Floats per example of the backward of ``steps`` steps evaluated at once
+        (:func:`span_floats_of`, registered beside each method)."""
+        return span_floats_of(self, fp, steps)
 
     def backward(
         self, problem: Problem, consts, carries_before, xs, g_last: Array, ct_ys, *, check: bool
@@ -136,3 +137,33 @@ def refuse_layers(method: Method, maps) -> None:
             "bppsa.Blelloch(levels=...), bppsa.SequentialScan() (the sequential sparse chain) "
             "or bppsa.Sequential() (plain autodiff)."
         )
+
+
+# -- accounting: functions registered beside each method (as lineax registers its structure
+# queries beside each operator), so that a method's class says only what the method is.
+
+
+@functools.singledispatch
+def memory_of(method: Method, fp: Footprint) -> int:
+    """Estimated peak bytes of a scan's forward and backward with ``method``."""
+    raise TypeError(f"no memory estimate is registered for {type(method).__name__}.")
+
+
+@memory_of.register
+def _jacobian_memory(method: JacobianMethod, fp: Footprint) -> int:
+    return fp.bytes(fp.residual_floats() + method.span_floats(fp, fp.length))
+
+
+@functools.singledispatch
+def span_floats_of(method: JacobianMethod, fp: Footprint, steps: int) -> float:
+    """Floats per example of ``method``'s backward of ``steps`` steps evaluated at once."""
+    raise TypeError(
+        f"no span_floats is registered for {type(method).__name__}: register one with "
+        "bppsa.scan._core.methods.base.span_floats_of, or define span_floats on the class."
+    )
+
+
+@functools.singledispatch
+def cost_of(method: Method, fp: Footprint) -> Cost | None:
+    """Predicted steps, arithmetic and bytes of ``method``'s backward (``None``: not modelled)."""
+    return None

@@ -8,7 +8,7 @@ from typing import ClassVar
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BLELLOCH_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.base import JacobianMethod, cost_of, span_floats_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +37,12 @@ class Blelloch(JacobianMethod):
     def scan(self, g_last, maps, offsets):
         return _algorithms.blelloch(g_last, maps, offsets, levels=self.levels)
 
-    def span_floats(self, fp, steps):
-        return fp.span_floats(steps) + BLELLOCH_DENSE * steps * fp.dense
 
-    def cost(self, fp):
-        return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))
+@span_floats_of.register
+def _span_floats(method: Blelloch, fp, steps):
+    return fp.span_floats(steps) + BLELLOCH_DENSE * steps * fp.dense
+
+
+@cost_of.register
+def _cost(method: Blelloch, fp):
+    return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))

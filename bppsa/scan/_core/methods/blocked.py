@@ -7,7 +7,7 @@ import functools
 from typing import ClassVar
 
 from bppsa.scan._core import backward, cost
-from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
+from bppsa.scan._core.methods.base import JacobianMethod, cost_of, refuse_layers, span_floats_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,24 +45,26 @@ class Blocked(JacobianMethod):
         refuse_layers(self, maps)
         return self.method.scan(g_last, maps, offsets)
 
-    def span_floats(self, fp, steps):
-        return self.method.span_floats(fp, min(self.block, steps))
-
-    def cost(self, fp):
-        # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
-        block = max(min(self.block, fp.length), 1)
-        blocks, head = divmod(fp.length, block)
-        full = self.method.cost(dataclasses.replace(fp, length=block))
-        first = (
-            self.method.cost(dataclasses.replace(fp, length=head)) if head else cost.Cost(0, 0, 0)
-        )
-        if full is None or first is None:
-            return None
-        return cost.plus(full.times(blocks), first)
-
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         def span(carries, xs, g_end, ct_ys):
             return self.method.backward(problem, consts, carries, xs, g_end, ct_ys, check=check)
 
         run = functools.partial(backward.blocked, span, self.block, consts)
         return run(carries_before, xs, g_last, ct_ys)
+
+
+@span_floats_of.register
+def _span_floats(method: Blocked, fp, steps):
+    return method.method.span_floats(fp, min(method.block, steps))
+
+
+@cost_of.register
+def _cost(method: Blocked, fp):
+    # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
+    block = max(min(method.block, fp.length), 1)
+    blocks, head = divmod(fp.length, block)
+    full = method.method.cost(dataclasses.replace(fp, length=block))
+    first = method.method.cost(dataclasses.replace(fp, length=head)) if head else cost.Cost(0, 0, 0)
+    if full is None or first is None:
+        return None
+    return cost.plus(full.times(blocks), first)

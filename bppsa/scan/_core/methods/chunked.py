@@ -8,7 +8,7 @@ from typing import ClassVar
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import CHUNK_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
+from bppsa.scan._core.methods.base import JacobianMethod, cost_of, refuse_layers, span_floats_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,14 +36,18 @@ class Chunked(JacobianMethod):
         chunks = default_chunks(len(maps)) if self.chunks is None else self.chunks
         return chunked(g_last, maps, offsets, chunks)
 
-    def span_floats(self, fp, steps):
-        chunks = min(self.chunks or default_chunks(steps), steps)
-        floats = fp.span_floats(steps)
-        if chunks > 1:  # a reordered copy of the span's Jacobians, and the chunk aggregates
-            floats += steps * fp.element + CHUNK_DENSE * chunks * fp.dense
-        return floats
 
-    def cost(self, fp):
-        chunks = min(self.chunks or default_chunks(fp.length), max(fp.length, 1))
-        scan = cost.chunked_scan(fp, fp.length, chunks)
-        return cost.plus(cost.jacobians(fp, fp.length), scan)
+@span_floats_of.register
+def _span_floats(method: Chunked, fp, steps):
+    chunks = min(method.chunks or default_chunks(steps), steps)
+    floats = fp.span_floats(steps)
+    if chunks > 1:  # a reordered copy of the span's Jacobians, and the chunk aggregates
+        floats += steps * fp.element + CHUNK_DENSE * chunks * fp.dense
+    return floats
+
+
+@cost_of.register
+def _cost(method: Chunked, fp):
+    chunks = min(method.chunks or default_chunks(fp.length), max(fp.length, 1))
+    scan = cost.chunked_scan(fp, fp.length, chunks)
+    return cost.plus(cost.jacobians(fp, fp.length), scan)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BP_STATES
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, cost_of, memory_of
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -32,12 +32,16 @@ class Sequential(Method):
         if options:
             raise TypeError(f"Sequential() takes no arguments, got {sorted(options)}.")
 
-    def memory(self, fp):
-        # lax.scan's residuals, about a Jacobian's worth per step.
-        return fp.bytes(fp.length * (BP_STATES * fp.state + min(fp.element, 2 * fp.state)))
-
-    def cost(self, fp):
-        return cost.back_propagation(fp)
-
     def for_complex_carry(self, leaves):
         return self
+
+
+@memory_of.register
+def _memory(method: Sequential, fp):
+    # lax.scan's residuals, about a Jacobian's worth per step.
+    return fp.bytes(fp.length * (BP_STATES * fp.state + min(fp.element, 2 * fp.state)))
+
+
+@cost_of.register
+def _cost(method: Sequential, fp):
+    return cost.back_propagation(fp)

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
-from bppsa.scan._core.methods.base import JacobianMethod
+from bppsa.scan._core.methods.base import JacobianMethod, cost_of, span_floats_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,8 +26,12 @@ class SequentialScan(JacobianMethod):
     def scan(self, g_last, maps, offsets):
         return _algorithms.sequential(g_last, maps, offsets)
 
-    def span_floats(self, fp, steps):
-        return fp.span_floats(steps)
 
-    def cost(self, fp):
-        return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
+@span_floats_of.register
+def _span_floats(method: SequentialScan, fp, steps):
+    return fp.span_floats(steps)
+
+
+@cost_of.register
+def _cost(method: SequentialScan, fp):
+    return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))

@@ -41,7 +41,7 @@ from bppsa.scan._algorithms import aggregate, apply, combine
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
-from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers
+from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers, span_floats_of
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._elements import Dense
 
@@ -142,12 +142,6 @@ class Sharded(JacobianMethod):
         refuse_layers(self, maps)
         # A stack already on one device: the local method's scan.
         return (self.local or SequentialScan()).scan(g_last, maps, offsets)
-
-    def span_floats(self, fp, steps):
-        """Per device: its slice's backward and the ``P`` gathered aggregates."""
-        per_device = math.ceil(steps / self.devices)
-        local = self.local_method(fp).span_floats(fp, per_device)
-        return local + (self.devices + 1) * (fp.dense + fp.size)
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         num_steps = jax.tree.leaves(carries_before)[0].shape[0]
@@ -322,3 +316,11 @@ def _front_zeros(pad):
         return jnp.concatenate([jnp.zeros((pad, *a.shape[1:]), a.dtype), a]) if pad else a
 
     return fn
+
+
+@span_floats_of.register
+def _span_floats(method: Sharded, fp, steps):
+    """Per device: its slice's backward and the ``P`` gathered aggregates."""
+    per_device = math.ceil(steps / method.devices)
+    local = method.local_method(fp).span_floats(fp, per_device)
+    return local + (method.devices + 1) * (fp.dense + fp.size)
