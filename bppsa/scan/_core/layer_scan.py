@@ -140,7 +140,7 @@ def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None
     if not method.uses_jacobians:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
-    return _footprint_bytes(maps, inputs, chain_levels(method))
+    return policy.bytes_needed(ChainFootprint(maps, inputs, requested), method)
 
 
 def _differentiable(chain, static_masks, method: Method, requested: Method, limit, plan):
@@ -197,9 +197,7 @@ def _backward(chain, method, requested, limit, plan, params, inputs, masks, g):
         plan.backward = method
     batch = g.shape[0]
     present = [m for m in maps if m is not None]
-    scanned = (
-        method.scan(g.reshape(batch, -1), present, None) if present else [g.reshape(batch, -1)]
-    )
+    scanned = method.scan(g.reshape(batch, -1), present, None)
     # scanned[k] is the cotangent after the k-th present map; identity layers pass theirs.
     outs, k = [None] * len(maps), len(present)
     current = scanned[k]

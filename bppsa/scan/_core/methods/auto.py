@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from bppsa.scan._core import cost, memory
+from bppsa.scan._core import cost
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method, memory_of
 from bppsa.scan._core.methods.blelloch import Blelloch
@@ -154,8 +154,7 @@ class Auto(Method):
         the memory guard's list that fits (``Auto()``'s rule of
         :func:`bppsa.scan._core.methods.policy.fit`)."""
         chosen = self.for_footprint(fp, backend, parallel=True)
-        need = chosen.memory(fp)
-        limit_bytes = memory.available_bytes() if limit is None else limit
+        need, limit_bytes = policy.bytes_needed(fp, chosen), policy.bytes_allowed(limit)
         if need <= limit_bytes:
             return chosen
         options = policy.lower_memory(fallbacks(self.profile_for(backend)), fp, need, limit_bytes)

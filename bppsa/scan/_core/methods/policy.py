@@ -59,11 +59,15 @@ def fit(method: Method, fp, limit: float | None, backend: str | None = None) -> 
     Raises:
         MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
     """
-    need = bytes_needed(fp, method)
-    limit_bytes = memory.available_bytes() if limit is None else limit
+    need, limit_bytes = bytes_needed(fp, method), bytes_allowed(limit)
     if need <= limit_bytes:
         return method
     raise over_limit(fp, method, method, need, limit, limit_bytes)
+
+
+def bytes_allowed(limit: float | None) -> float:
+    """The bytes a backward may use: ``limit``, or the default device's available memory."""
+    return memory.available_bytes() if limit is None else limit
 
 
 @functools.singledispatch
