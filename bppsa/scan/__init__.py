@@ -6,7 +6,7 @@ what the scans are written against, which knows elements and an operator and not
 recurrent cells:
 
 * elements: :class:`MapStack` (the interface), :class:`Dense`, :class:`Structured`,
-  :class:`Diagonal`, and
+  :class:`Diagonal`, :class:`BlockDiagonal` (with :func:`block_grouping`), and
   :class:`Sparse` (a static :class:`Pattern` with traced values; its products with
   :func:`product_plan`'s report and :func:`compose`);
 * algorithms: :func:`combine` (the one operator), :func:`sequential`, :func:`blelloch`,
@@ -27,6 +27,7 @@ import sys as _sys
 import types as _types
 
 from bppsa.scan._algorithms import aggregate, apply, blelloch, combine, sequential
+from bppsa.scan._blocks import BlockDiagonal, block_grouping
 from bppsa.scan._chain import ChainRow, chain_memory, chain_plan, chain_scan
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._core.api import scan as _scan
@@ -50,6 +51,7 @@ __all__ = [
     "METHODS",
     "Auto",
     "Blelloch",
+    "BlockDiagonal",
     "Blocked",
     "ChainRow",
     "Chunked",
@@ -68,6 +70,7 @@ __all__ = [
     "aggregate",
     "apply",
     "blelloch",
+    "block_grouping",
     "chain_memory",
     "chain_plan",
     "chain_scan",

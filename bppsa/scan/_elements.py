@@ -6,9 +6,9 @@ model and the debug check use: applying the maps to vectors (or to the rows of m
 composing two stacks (:meth:`MapStack.then`: which operand is later in time is in the name),
 slicing, flipping, concatenating, the floats a step keeps, and which fields carry the stack axis
 (per-step) and which are shared by every map of the stack. :class:`Dense`, :class:`Structured`
-and :class:`Diagonal` (quasi-Newton solves) implement it; a new element type (e.g. sparse)
-implements the abstract methods and overrides the defaults where it can do better than
-densifying.
+and :class:`Diagonal` implement it (``BlockDiagonal`` too, in :mod:`bppsa.scan._blocks`); a new
+element type (e.g. sparse) implements the abstract methods and overrides the defaults where it
+can do better than densifying.
 
 Maps act on vectors of shape ``(*batch, n)``: the leading ``batch`` dims index independent
 examples, so a map is block-diagonal over them (the shape a cell gives when it is called on a
@@ -132,6 +132,13 @@ class MapStack(abc.ABC):
     def diagonal(self) -> Diagonal:
         """The diagonals of the maps, as maps of their own (a quasi-Newton approximation)."""
         return Diagonal(jnp.diagonal(self.to_dense().a, axis1=-2, axis2=-1))
+
+    @property
+    def width(self) -> int:
+        """The inner dimension of a product of two such maps: ``n`` for dense ones (a product
+        costs ``2 n^3`` flops per example), ``k`` for ``k x k`` blocks, ``1`` for diagonals
+        (a product costs ``2 x`` the floats it forms times ``width``)."""
+        return self.size
 
     def floats_per_step(self) -> int:
         """Floats one map of the stack keeps as stored (its batch dims included)."""
@@ -278,7 +285,9 @@ class Structured(MapStack):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Diagonal(MapStack):
-    """Diagonal maps, ``A_k = diag(d[k])``.
+    """Diagonal maps, ``A_k = diag(d[k])``: the exact transposed Jacobian of a cell whose units
+    do not talk to each other (IndRNN, a GRU with diagonal recurrence), and quasi-Newton's
+    approximation of any other. Products stay diagonal: ``O(n)`` per step.
 
     Attributes:
         d: ``(m, *batch, n)``.
@@ -313,6 +322,13 @@ class Diagonal(MapStack):
 
     def diagonal(self) -> Diagonal:
         return self
+
+    @property
+    def width(self) -> int:
+        return 1
+
+    def dense_floats_per_step(self) -> int:
+        return self.floats_per_step()  # products stay diagonal
 
 
 def matmul(earlier: Array, later: Array) -> Array:
