@@ -25,6 +25,7 @@ PAGES = [
     "bppsa.data.cifar10",
     "bppsa.data.digits",
     "bppsa.data.irmas",
+    "bppsa.data.text",
 ]
 
 

@@ -57,6 +57,7 @@ DOCTEST_MODULES = [
     "bppsa.models._pruning",
     "bppsa.data.synthetic",
     "bppsa.data.cifar10",
+    "bppsa.data.text",
 ]
 
 
