@@ -58,6 +58,7 @@ DOCTEST_MODULES = [
     "bppsa.data.synthetic",
     "bppsa.data.cifar10",
     "bppsa.data.text",
+    "bppsa.data._text_files",
 ]
 
 
