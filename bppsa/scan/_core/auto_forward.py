@@ -31,19 +31,35 @@ class AutoForward(Forward):
     name: ClassVar[str] = "auto"
 
     def choose(
-        self, length: int, size: int, backend: str | None = None, *, batch: int = 1
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+        width: int | None = None,
     ) -> Forward:
-        """The forward for ``length`` steps of a carry of ``size`` floats, ``batch`` examples."""
+        """The forward for ``length`` steps of a carry of ``size`` floats, ``batch`` examples
+        (``element``, ``width``: the Jacobians' structure, as for :meth:`bppsa.Auto.choose`)."""
         if get_profile(backend).measured_rules:
             return SequentialForward()
-        times = self.predictions(length, size, backend, batch=batch)
+        times = self.predictions(length, size, backend, batch=batch, element=element, width=width)
         return min(times, key=times.get)
 
     def predictions(
-        self, length: int, size: int, backend: str | None = None, *, batch: int = 1
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+        width: int | None = None,
     ) -> dict[Forward, float]:
         """Predicted seconds of each forward on ``backend``'s :func:`bppsa.get_profile`."""
-        fp, profile = cost.footprint_of(length, size, batch), get_profile(backend)
+        fp = cost.footprint_of(length, size, batch, element, width)
+        profile = get_profile(backend)
         return {
             SequentialForward(): cost.sequential_forward(fp).seconds(profile),
             Newton(): cost.newton_forward(fp, profile.newton_iterations).seconds(profile),
@@ -51,7 +67,9 @@ class AutoForward(Forward):
 
     def __call__(self, problem, consts, init, xs, *, keep, method=None):
         fp = problem.footprint
-        chosen = self.choose(fp.length, fp.size, batch=fp.batch)
+        chosen = self.choose(
+            fp.length, fp.size, batch=fp.batch, element=fp.element, width=fp.width or None
+        )
         return chosen(problem, consts, init, xs, keep=keep, method=method)
 
     def __repr__(self) -> str:

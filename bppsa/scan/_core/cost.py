@@ -82,12 +82,13 @@ def sequential_scan(fp: Footprint, steps: int) -> Cost:
 
 
 def blelloch_scan(fp: Footprint, steps: int) -> Cost:
-    """BPPSA's modified Blelloch scan of ``steps`` elements."""
+    """BPPSA's modified Blelloch scan of ``steps`` elements (a product of two maps forms
+    ``dense`` floats of ``width`` multiply-adds each: ``n^3`` dense, ``n k^2`` blocks)."""
     levels = 2 * math.ceil(math.log2(steps + 1)) if steps else 0
     products = steps * fp.batch * fp.dense
     return Cost(
         steps=KERNELS_PER_LEVEL * levels,
-        flops=2 * products * fp.size + 4 * products,
+        flops=2 * products * fp.product_width + 4 * products,
         bytes=3 * fp.itemsize * products,
     )
 
@@ -97,21 +98,30 @@ def chunked_scan(fp: Footprint, steps: int, chunks: int) -> Cost:
     if chunks <= 1:
         return sequential_scan(fp, steps)
     per_chunk = math.ceil(steps / chunks)
-    composed = (steps - per_chunk) * fp.batch * fp.dense
-    tree = blelloch_scan(dataclasses.replace(fp, length=chunks), chunks)
+    composed = (steps - per_chunk) * fp.batch * fp.dense  # n + 1 rows through each map
+    # The chunks' aggregates are dense rows whatever the element: a dense scan across them.
+    aggregates = dataclasses.replace(fp, length=chunks, dense=fp.aggregate, width=0)
+    tree = blelloch_scan(aggregates, chunks)
     return Cost(
         steps=2 * per_chunk + tree.steps,
         flops=2 * composed * (fp.size + 1) + 2 * steps * fp.batch * fp.dense + tree.flops,
-        bytes=fp.itemsize * 3 * (steps * fp.batch * fp.element + chunks * fp.batch * fp.dense)
+        bytes=fp.itemsize * 3 * (steps * fp.batch * fp.element + chunks * fp.batch * fp.aggregate)
         + tree.bytes,
     )
 
 
-def footprint_of(length: int, size: int, batch: int, element: int | None = None) -> Footprint:
+def footprint_of(
+    length: int, size: int, batch: int, element: int | None = None, width: int | None = None
+) -> Footprint:
     """The footprint of ``length`` steps of a float32 carry of ``size`` floats for ``batch``
-    examples, whose Jacobian stores ``element`` floats per step (default dense, ``size**2``)."""
+    examples, whose Jacobian stores ``element`` floats per step (default dense, ``size**2``);
+    ``width``: the inner dimension of a product of two maps (default ``size``: products are
+    dense; ``1`` diagonal, ``k`` for ``k x k`` blocks, whose products keep ``element``)."""
     dense = size * size
-    return Footprint(length, size, dense if element is None else element, dense, 4, batch, size)
+    element = dense if element is None else element
+    if width is None or width >= size:
+        return Footprint(length, size, element, dense, 4, batch, size)
+    return Footprint(length, size, element, element, 4, batch, size, width=width)
 
 
 def profile_of(backend: str | None = None) -> Profile:

@@ -62,12 +62,16 @@ class Footprint:
         length: ``T``, the number of steps.
         state: floats of the packed carry of one example (batch dims inside the carry included).
         element: floats of one step's transposed Jacobian as stored (structured or dense).
-        dense: floats of one step's Jacobian as a dense matrix (what parallel products form).
+        dense: floats of a product of two steps' maps (what parallel products form): ``n^2``
+            per example, or the element's own floats for types whose products keep their
+            structure (diagonal, block-diagonal).
         itemsize: bytes per float.
         batch: examples served at once through ``jax.vmap``.
         size: the state size ``n`` that ``Auto.choose`` sees.
         inputs: floats of one step's floating-point ``xs`` for one example.
         vmapped: whether the scan runs under ``jax.vmap`` (of size 1 too).
+        width: the inner dimension of such a product (``n`` for dense maps, ``k`` for
+            ``k x k`` blocks, ``1`` for diagonals; ``0``: ``size``).
     """
 
     length: int
@@ -79,6 +83,18 @@ class Footprint:
     size: int = 0
     inputs: int = 0
     vmapped: bool = True
+    width: int = 0
+
+    @property
+    def product_width(self) -> int:
+        """The inner dimension of a product of two maps (a product costs ``2 dense width``)."""
+        return self.width or self.size
+
+    @property
+    def aggregate(self) -> int:
+        """Floats of one map composed with :func:`bppsa.scan.aggregate`'s dense rows (the
+        chunk aggregates of ``Chunked()``): ``n`` dense rows per carry float."""
+        return self.state * self.size
 
     @property
     def single(self) -> bool:
@@ -138,6 +154,7 @@ def footprint(
         size=jac_t.size,
         inputs=inputs,
         vmapped=vmapped,
+        width=jac_t.width,
     )
 
 

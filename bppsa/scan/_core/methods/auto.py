@@ -66,6 +66,7 @@ class Auto(Method):
         element: int | None = None,
         inputs: int = 0,
         single: bool = False,
+        width: int | None = None,
     ) -> Method:
         """The method used for a scan.
 
@@ -82,13 +83,16 @@ class Auto(Method):
                 matrix-vector products, faster than a vmapped batch of one): on CPUs the scan
                 over the Jacobians must store the profile's ``single_element`` floats per
                 state float to pay.
+            width: the inner dimension of a product of two steps' maps when the maps keep a
+                structure through products (``1`` diagonal, ``k`` for ``k x k`` blocks; then
+                a product keeps ``element`` floats); default ``None``: products are dense.
 
         Returns:
             A concrete method; ``Sequential()`` means plain back-propagation.
         """
         profile = self.profile_for(backend)
         if not profile.measured_rules:
-            return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element)
+            return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
         element = _element(size, element)
         if not _parallel_pays(profile, length, size, batch, element, inputs, single):
             return Sequential()
@@ -102,11 +106,13 @@ class Auto(Method):
         *,
         batch: int = 1,
         element: int | None = None,
+        width: int | None = None,
     ) -> Method:
         """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
         profile = self.profile_for(backend)
         if not profile.measured_rules:
-            return _fastest(ACCELERATOR_CHOICES[1:], length, size, profile, batch, element)
+            candidates = ACCELERATOR_CHOICES[1:]
+            return _fastest(candidates, length, size, profile, batch, element, width)
         work = max(batch * _element(size, element), 1)
         low, high = profile.block_steps
         block = min(max(1 << (max(profile.block_work // work, 1).bit_length() - 1), low), high)
@@ -120,6 +126,7 @@ class Auto(Method):
         *,
         batch: int = 1,
         element: int | None = None,
+        width: int | None = None,
     ) -> dict[Method, float]:
         """Predicted seconds of the backward of each accelerator candidate (why
         :meth:`choose` picks what it picks there), from :mod:`bppsa.scan._core.cost`.
@@ -130,12 +137,15 @@ class Auto(Method):
             Sequential()
         """
         profile = self.profile_for(backend)
-        return _predicted(ACCELERATOR_CHOICES, length, size, profile, batch, element)
+        return _predicted(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
 
     def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
         """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
+        width = fp.width or None
         if parallel:
-            return self.parallel(fp.length, fp.size, backend, batch=fp.batch, element=fp.element)
+            return self.parallel(
+                fp.length, fp.size, backend, batch=fp.batch, element=fp.element, width=width
+            )
         return self.choose(
             fp.length,
             fp.size,
@@ -144,6 +154,7 @@ class Auto(Method):
             element=fp.element,
             inputs=fp.inputs,
             single=fp.single,
+            width=width,
         )
 
     def concrete(self, problem):
@@ -196,14 +207,14 @@ def _checking(method: Auto, problem):
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
 
 
-def _predicted(candidates, length, size, profile, batch, element) -> dict[Method, float]:
+def _predicted(candidates, length, size, profile, batch, element, width) -> dict[Method, float]:
     """Predicted seconds of each candidate on ``profile``."""
-    fp = cost.footprint_of(length, size, batch, element)
+    fp = cost.footprint_of(length, size, batch, element, width)
     return {m: m.cost(fp).seconds(profile) for m in candidates}
 
 
-def _fastest(candidates, length, size, profile, batch, element) -> Method:
-    times = _predicted(candidates, length, size, profile, batch, element)
+def _fastest(candidates, length, size, profile, batch, element, width) -> Method:
+    times = _predicted(candidates, length, size, profile, batch, element, width)
     return min(times, key=times.get)
 
 

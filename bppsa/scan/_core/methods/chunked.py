@@ -42,7 +42,7 @@ def _span_floats(method: Chunked, fp, steps):
     chunks = min(method.chunks or default_chunks(steps), steps)
     floats = fp.span_floats(steps)
     if chunks > 1:  # a reordered copy of the span's Jacobians, and the chunk aggregates
-        floats += steps * fp.element + CHUNK_DENSE * chunks * fp.dense
+        floats += steps * fp.element + CHUNK_DENSE * chunks * fp.aggregate
     return floats
 
 
