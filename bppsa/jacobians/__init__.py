@@ -9,6 +9,11 @@ body will use it, and :class:`AnalyticJacobianWarning` why one was not used.
 """
 
 from bppsa.jacobians._cells import gru_jacobian_t, lstm_jacobian_t, rnn_jacobian_t
+from bppsa.jacobians._diagonal_cells import (
+    cifg_lstm_jacobian_t,
+    diagonal_gru_jacobian_t,
+    indrnn_jacobian_t,
+)
 from bppsa.jacobians._layers import (
     conv2d_jacobian_t,
     identity_jacobian_t,
@@ -22,10 +27,13 @@ from bppsa.scan._core.capture import AnalyticJacobianWarning, transposed_jacobia
 
 __all__ = [
     "AnalyticJacobianWarning",
+    "cifg_lstm_jacobian_t",
     "conv2d_jacobian_t",
+    "diagonal_gru_jacobian_t",
     "gru_jacobian_t",
     "has_analytic_jacobian",
     "identity_jacobian_t",
+    "indrnn_jacobian_t",
     "linear_jacobian_t",
     "lstm_jacobian_t",
     "maxpool2d_jacobian_t",

@@ -73,6 +73,10 @@ class BlockDiagonal(MapStack):
     def width(self) -> int:
         return self.block
 
+    @property
+    def structure(self) -> str:
+        return f"block-diagonal k={self.block}"
+
     # -- grouping ----------------------------------------------------------------------------
 
     def group(self, v: Array) -> Array:

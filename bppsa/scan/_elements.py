@@ -140,6 +140,11 @@ class MapStack(abc.ABC):
         (a product costs ``2 x`` the floats it forms times ``width``)."""
         return self.size
 
+    @property
+    def structure(self) -> str | None:
+        """The name of a structure products of these maps keep (``None``: they are dense)."""
+        return None
+
     def floats_per_step(self) -> int:
         """Floats one map of the stack keeps as stored (its batch dims included)."""
         return sum(math.prod(v.shape[1:]) for v in self.per_step().values() if v is not None)
@@ -326,6 +331,10 @@ class Diagonal(MapStack):
     @property
     def width(self) -> int:
         return 1
+
+    @property
+    def structure(self) -> str:
+        return "diagonal"
 
     def dense_floats_per_step(self) -> int:
         return self.floats_per_step()  # products stay diagonal

@@ -115,7 +115,8 @@ def scan(
     plan = plans.record(
         requested=requested,
         method=concrete,
-        jacobians=problem.body.jacobians,
+        jacobians=problem.jacobians,
+        dense_because=problem.dense_because,
         length=problem.length,
         batch=problem.batch,
         forward=forward,

@@ -72,6 +72,8 @@ class Footprint:
         vmapped: whether the scan runs under ``jax.vmap`` (of size 1 too).
         width: the inner dimension of such a product (``n`` for dense maps, ``k`` for
             ``k x k`` blocks, ``1`` for diagonals; ``0``: ``size``).
+        structure: the name of a structure the maps keep through products (``"diagonal"``,
+            ``"block-diagonal k=2"``), ``None`` for none.
     """
 
     length: int
@@ -84,6 +86,7 @@ class Footprint:
     inputs: int = 0
     vmapped: bool = True
     width: int = 0
+    structure: str | None = None
 
     @property
     def product_width(self) -> int:
@@ -155,6 +158,7 @@ def footprint(
         inputs=inputs,
         vmapped=vmapped,
         width=jac_t.width,
+        structure=jac_t.structure,
     )
 
 

@@ -24,7 +24,9 @@ class ScanPlan:
     Attributes:
         requested: the method the scan was asked for (``Auto()`` unless given).
         method: the concrete method it runs (``Sequential()``: plain ``lax.scan``).
-        jacobians: ``"analytic"`` or ``"autodiff"`` (how the Jacobians would be built).
+        jacobians: how the Jacobians would be built, ``"analytic"`` or ``"autodiff"``, with the
+            structure they keep through the scan's products where they have one (e.g.
+            ``"autodiff, diagonal"``, ``"analytic, block-diagonal k=2"``).
         length: ``T``.
         batch: the ``jax.vmap`` batch the scan was traced under.
         backward: the method that ran the backward pass, after the memory guard (``None``
@@ -33,6 +35,8 @@ class ScanPlan:
         whole_batch: whether the backward ran on the ``jax.vmap`` batch as one array (the
             shared parameters' cotangents as one product over steps and examples) rather
             than example by example (``None`` until the backward is traced).
+        dense_because: for autodiff Jacobians without a structure, why the analysis of the
+            body's jaxpr found none (e.g. ``"unknown primitive gather"``).
     """
 
     requested: Any
@@ -43,6 +47,7 @@ class ScanPlan:
     backward: Any = None
     forward: Any = None
     whole_batch: bool | None = None
+    dense_because: str | None = None
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from bppsa.scan._core.body import Body, trace_body
 from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, unstacked
 from bppsa.scan._core.memory import Footprint, footprint
 from bppsa.scan._core.stacked import steps_with_jacobians
+from bppsa.scan._core.structure import Structure, carry_structure
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -77,10 +78,44 @@ class Problem:
         ``ys -> (ys, carries_before)`` (what an outer derivative of the kept carries needs)."""
         return dataclasses.replace(self, body=self.body.keeping_carries())
 
+    @functools.cached_property
+    def structure(self) -> Structure | None:
+        """The structure of an autodiff body's step Jacobians, found in its jaxpr (``None`` for
+        analytic Jacobians, whose builder chose their element)."""
+        if self.body.analytic:
+            return None
+        x = jax.tree.map(unstacked, self.xs)
+        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
+        return carry_structure(
+            lambda carry, x, *consts: self.body.step(carry, x, *consts)[0], self.init, x, *consts
+        )
+
+    @property
+    def jacobians(self) -> str:
+        """How the Jacobians are built, and in what structure: ``"analytic"``,
+        ``"autodiff"`` (dense), or with a structure, e.g. ``"autodiff, diagonal"``,
+        ``"analytic, block-diagonal k=2"``."""
+        structure = self.footprint.structure
+        return self.body.jacobians if structure is None else f"{self.body.jacobians}, {structure}"
+
+    @property
+    def dense_because(self) -> str | None:
+        """Why an autodiff body's Jacobians are dense (``None`` otherwise)."""
+        if self.body.analytic or self.structure.kind != "dense":
+            return None
+        return self.structure.reason
+
     def all_steps(self) -> Callable:
         """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
+        structure = self.structure
+        if structure is not None and structure.kind == "dense":
+            structure = None
         return steps_with_jacobians(
-            self.body.step, self.example_layout, self.body.analytic, batched=self.batched
+            self.body.step,
+            self.example_layout,
+            self.body.analytic,
+            batched=self.batched,
+            structure=structure,
         )
 
     @functools.cached_property

@@ -7,17 +7,25 @@ from collections.abc import Callable
 import jax
 
 from bppsa.scan._core.carry import Layout, unstacked
+from bppsa.scan._core.structure import Structure, coloured_jacobian_t
 from bppsa.scan._elements import Dense
 
 
 def steps_with_jacobians(
-    step: Callable, layout: Layout, analytic: bool, *, batched: bool = False
+    step: Callable,
+    layout: Layout,
+    analytic: bool,
+    *,
+    batched: bool = False,
+    structure: Structure | None = None,
 ) -> Callable:
     """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
     ``step(carry, x, *consts) -> (carry, y, analytic_jac_t | None)`` is one step. ``jac_t`` is
     the stack (time order) of transposed Jacobians ``(d carry_t / d carry_{t-1})^T``: the
-    step's analytic element, or a ``Dense`` one from ``jax.jacrev`` on the packed carry. The
+    step's analytic element, or else one from VJPs on the packed carry: in the ``structure``
+    found in the step (``Diagonal``, ``BlockDiagonal``: one VJP per colour), else ``Dense``
+    (``jax.jacrev``). The
     result is meant for ``jax.vjp(..., has_aux=True)``, so the Jacobians come from the same
     evaluation of the steps as the VJP.
 
@@ -35,7 +43,11 @@ def steps_with_jacobians(
             def carry_map(vector):
                 return layout.pack(step(layout.unpack_into(vector, carry), x, *consts)[0])
 
-            jac_t = Dense(jax.jacrev(carry_map)(layout.pack(carry)).T)
+            point = layout.pack(carry)
+            if structure is None:
+                jac_t = Dense(jax.jacrev(carry_map)(point).T)
+            else:
+                jac_t = coloured_jacobian_t(carry_map, point, structure)
         return (new_carry, y), jac_t
 
     def over_steps(consts, carries, xs):  # one leading axis of steps, consts shared

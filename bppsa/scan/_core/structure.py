@@ -31,8 +31,10 @@ import scipy.sparse
 import scipy.sparse.csgraph
 from jax import Array
 
+from bppsa.scan._blocks import BlockDiagonal
 from bppsa.scan._core.carry import is_float
 from bppsa.scan._core.element_flow import Flow, empty, widen
+from bppsa.scan._elements import Dense, Diagonal, MapStack
 
 MAX_BLOCK = 16  # the largest dependency set kept per element; past it, "dense"
 
@@ -202,3 +204,45 @@ def coloured_jacobian(fun: Callable[[Array], Array], point: Array, structure: St
     columns = jax.vmap(lambda t: jax.jvp(fun, (point,), (t,))[1])(jnp.asarray(tangents, dtype))
     # columns[j, r] = d out[r] / d in[members[b, j]] for the block b of row r
     return jnp.transpose(columns[:, members], (1, 2, 0))
+
+
+def coloured_jacobian_t(
+    fun: Callable[[Array], Array], point: Array, structure: Structure
+) -> MapStack:
+    """The transposed Jacobian of ``fun`` at ``point`` as one step's element, with ``k`` VJPs.
+
+    A VJP with a cotangent of ones on the ``j``-th members of every block returns, at input
+    ``members[b, i]``, the one entry ``J[members[b, j], members[b, i]]``: column ``j`` of block
+    ``b`` of ``J^T``. VJPs, not JVPs, so that a body with a ``jax.custom_vjp`` function works as
+    it does on the dense path (``jax.jacrev``).
+
+    Returns:
+        :class:`~bppsa.scan.Diagonal` ``(n,)``, :class:`~bppsa.scan.BlockDiagonal`
+        ``(n // k, k, k)`` with ``structure.perm``, or :class:`~bppsa.scan.Dense` ``(n, n)``
+        for a dense structure (``n`` VJPs, as ``jax.jacrev``).
+    """
+    n, k = structure.n, structure.block
+    if structure.kind == "dense":
+        return Dense(jax.jacrev(fun)(point).T)
+    dtype = jnp.result_type(point)
+    _, pullback = jax.vjp(fun, point)
+    if structure.kind == "diagonal":
+        return Diagonal(pullback(jnp.ones(n, dtype))[0])
+    members = np.arange(n) if structure.perm is None else np.asarray(structure.perm)
+    members = members.reshape(n // k, k)  # members[b, j]: the j-th member of block b
+    cotangents = np.zeros((k, n))
+    cotangents[np.arange(k)[None, :], members] = 1.0
+    rows = jax.vmap(lambda c: pullback(c)[0])(jnp.asarray(cotangents, dtype))  # (k, n)
+    # rows[j, members[b, i]] = (J^T)[members[b, i], members[b, j]]: block b of J^T at (i, j)
+    return BlockDiagonal(jnp.transpose(rows[:, members], (1, 2, 0)), structure.perm)
+
+
+def carry_structure(step: Callable, carry: Any, *others: Any) -> Structure:
+    """:func:`classify` of ``step``'s dependencies, dense (with the reason) wherever the
+    analysis cannot read the step: structure is a property of the function, never a guess."""
+    try:
+        return classify(carry_dependencies(step, carry, *others))
+    except Exception as error:  # an unreadable step keeps the exact dense path
+        n = sum(math.prod(np.shape(leaf)) for leaf in jax.tree.leaves(carry) if is_float(leaf))
+        reason = f"the dependency analysis failed: {type(error).__name__}: {error}"
+        return Structure("dense", n, n, reason=reason[:200])
