@@ -20,6 +20,7 @@ from bppsa.models._diagonal_cells import (
     diagonal_gru_cell,
     indrnn_cell,
 )
+from bppsa.models._language_model import LanguageModel
 from bppsa.models._layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU
 from bppsa.models._pruning import Sparsity, magnitude_prune, sparsity_of
 from bppsa.models._vgg import vgg11
@@ -35,6 +36,7 @@ __all__ = [
     "DiagonalGRU",
     "Flatten",
     "IndRNN",
+    "LanguageModel",
     "Layer",
     "Linear",
     "MaxPool2d",
