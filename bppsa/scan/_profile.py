@@ -60,6 +60,10 @@ class Profile:
             to ``n0 n1 n2``.
         newton_iterations: the Newton iterations ``AutoForward()`` expects when it predicts
             the parallel forward's time.
+        structured_block_work: for maps whose products keep a structure (diagonal,
+            block-diagonal), ``Auto()`` runs ``Blelloch()`` in time blocks of about this many
+            Jacobian floats over the batch (cache-sized: one unblocked scan over all steps
+            thrashes the cache).
     """
 
     name: str
@@ -98,6 +102,8 @@ class Profile:
     densify_pair_ratio: float = 0.005
     # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
     newton_iterations: int = 15
+    # benchmarks/width.py (the diagonal GRU, H = 64 and 1024), benchmarks/results/width/
+    structured_block_work: int = 2**18
 
     def __post_init__(self):
         for field in ("flops", "bandwidth", "step_latency"):

@@ -78,8 +78,15 @@ def check_like_lax_scan(f, init, xs, length, reverse):
 
 
 def promote_weak_types(init, carry_out):
-    """Casts weakly typed init leaves (Python scalars) to the carry dtype, as lax.scan does."""
-    return jax.tree.map(lambda x, out: jnp.asarray(x, out.dtype), init, carry_out)
+    """Casts weakly typed init leaves (Python scalars) to the carry dtype, as lax.scan does
+    (shapes, ``jax.ShapeDtypeStruct``, stay shapes)."""
+
+    def promote(x, out):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, out.dtype)
+        return jnp.asarray(x, out.dtype)
+
+    return jax.tree.map(promote, init, carry_out)
 
 
 def num_steps(xs, length) -> int:

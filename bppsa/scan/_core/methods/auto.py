@@ -94,9 +94,10 @@ class Auto(Method):
         if not profile.measured_rules:
             return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
         element = _element(size, element)
-        if not _parallel_pays(profile, length, size, batch, element, inputs, single):
+        structured = width is not None and width < size
+        if not _parallel_pays(profile, length, size, batch, element, inputs, single, structured):
             return Sequential()
-        return self.parallel(length, size, backend, batch=batch, element=element)
+        return self.parallel(length, size, backend, batch=batch, element=element, width=width)
 
     def parallel(
         self,
@@ -115,8 +116,11 @@ class Auto(Method):
             return _fastest(candidates, length, size, profile, batch, element, width)
         work = max(batch * _element(size, element), 1)
         low, high = profile.block_steps
-        block = min(max(1 << (max(profile.block_work // work, 1).bit_length() - 1), low), high)
-        return Blocked(SequentialScan(), block)
+        if width is not None and width < size:
+            # Products keep the structure: the parallel scan is cheap, its arrays are not.
+            block = _power_of_two(profile.structured_block_work // work, low, high)
+            return Blocked(Blelloch(), block)
+        return Blocked(SequentialScan(), _power_of_two(profile.block_work // work, low, high))
 
     def predictions(
         self,
@@ -218,12 +222,20 @@ def _fastest(candidates, length, size, profile, batch, element, width) -> Method
     return min(times, key=times.get)
 
 
-def _parallel_pays(p: Profile, length, size, batch, element, inputs, single=False) -> bool:
+def _power_of_two(steps: int, low: int, high: int) -> int:
+    """The largest power of two up to ``steps``, within ``[low, high]``."""
+    return min(max(1 << (max(steps, 1).bit_length() - 1), low), high)
+
+
+def _parallel_pays(
+    p: Profile, length, size, batch, element, inputs, single=False, structured=False
+) -> bool:
     """Whether the blocked scan over the Jacobians beats back-propagation, by ``p``'s measured
-    thresholds (see :class:`bppsa.Profile`)."""
+    thresholds (see :class:`bppsa.Profile`); maps whose products keep a structure always do,
+    except for one example outside ``jax.vmap``."""
     if single and element < p.single_element * size:
         return False
-    if batch * element <= p.parallel_work:
+    if structured or batch * element <= p.parallel_work:
         return True
     if element >= size * size:  # dense Jacobians: the chain's steps are full products
         return False

@@ -1,0 +1,195 @@
+"""Width: the backward of cells whose Jacobians stay structured, against back-propagation.
+
+Cells (``--cells``): ParaRNN's diagonal GRU and CIFG LSTM and IndRNN with their analytic
+Jacobians (``diagonal-gru``, ``cifg-lstm``, ``indrnn``); IndRNN written by a user in plain
+``jnp`` without a decorator, whose diagonal Jacobian ``bppsa.scan`` finds in its jaxpr
+(``indrnn-user``); and the same user cell made opaque to that analysis by a term that mixes the
+units with weight zero (``indrnn-dense``: today's dense autodiff path, ``n`` VJPs and ``n^2``
+floats per step; same values). Each is scanned over ``T`` steps for ``B`` sequences (vmapped),
+a loss on every step's output (a language model's shape), ``--inputs`` input features.
+
+Per point, in one process, interleaved round by round after a warm-up call: the forward (the
+jitted loss), back-propagation's gradient (``jax.grad`` through ``lax.scan``) and
+``bppsa.grad``'s with each method (``--methods``: ``auto``, ``blelloch``, ...). Backward =
+gradient - forward (marked unresolved inside the rounds' spread). Minimum and median are
+recorded; what Auto ran and how the Jacobians were built are recorded beside them. The JSON is
+rewritten atomically after every point.
+
+Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 256 1024 4096
+--length 4096 --batch 4 --out benchmarks/results/width/cpu.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+import bppsa
+from bppsa.models import (
+    CIFGLSTM,
+    DiagonalGRU,
+    IndRNN,
+    cifg_lstm_cell,
+    diagonal_gru_cell,
+    indrnn_cell,
+)
+
+
+def indrnn_user(params, h, x):
+    """IndRNN as a user writes it: plain ``jnp``, no declared Jacobian."""
+    return jax.nn.relu(params["weight_ih"] @ x + params["recurrent"] * h + params["bias"])
+
+
+def indrnn_opaque(params, h, x):
+    """The same values; the zero-weight sum couples every unit for the jaxpr analysis."""
+    return indrnn_user(params, h + 0.0 * jnp.sum(h), x)
+
+
+CELLS = {
+    "diagonal-gru": (DiagonalGRU(), diagonal_gru_cell),
+    "cifg-lstm": (CIFGLSTM(), cifg_lstm_cell),
+    "indrnn": (IndRNN(), indrnn_cell),
+    "indrnn-user": (IndRNN(), indrnn_user),
+    "indrnn-dense": (IndRNN(), indrnn_opaque),
+}
+METHODS = {
+    "auto": bppsa.Auto(),
+    "blelloch": bppsa.Blelloch(),
+    "sequential-scan": bppsa.SequentialScan(),
+    "chunked": bppsa.Chunked(),
+}
+
+
+def method_of(name: str) -> bppsa.Method:
+    """A method by name: those of ``METHODS``, or ``blocked:<name>:<K>`` (``Blocked`` of it)."""
+    if name.startswith("blocked:"):
+        _, inner, block = name.split(":")
+        return bppsa.Blocked(METHODS[inner], int(block))
+    return METHODS[name]
+
+
+def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):
+    kind, step = CELLS[cell]
+    params = kind.init(inputs, hidden, key=jax.random.key(0))
+    xs = jax.random.normal(jax.random.key(1), (batch, length, inputs), jnp.float32)
+    head = jax.random.normal(jax.random.key(2), (hidden,)) / hidden
+    init = kind.initial_state(hidden)
+
+    def loss(scan, params, xs):
+        def one(x):
+            _, hs = scan(lambda s, x: (step(params, s, x), kind.output(s)), init, x)
+            return jnp.mean(jnp.tanh(hs @ head))
+
+        return jnp.mean(jax.vmap(one)(xs))
+
+    return params, xs, loss
+
+
+def resolved(totals: list[float], forwards: list[float]) -> bool:
+    """Whether ``total - forward`` stands clear of the rounds' spread (lower quartile of the
+    totals above the upper quartile of the forwards)."""
+    if len(totals) < 2:
+        return min(totals) > max(forwards)
+    q1 = statistics.quantiles(totals, n=4, method="inclusive")[0]
+    return q1 > statistics.quantiles(forwards, n=4, method="inclusive")[2]
+
+
+def measure(cell, length, batch, hidden, inputs, methods, repeats) -> dict:
+    params, xs, loss = problem(cell, length, batch, hidden, inputs)
+    calls = {
+        "forward": jax.jit(lambda p, xs: loss(jax.lax.scan, p, xs)),
+        "bp": jax.jit(jax.grad(lambda p, xs: loss(jax.lax.scan, p, xs))),
+    }
+    for name in methods:
+        method = method_of(name)
+        calls[name] = jax.jit(bppsa.grad(lambda p, xs: loss(bppsa.scan, p, xs), method=method))
+    row = dict(cell=cell, length=length, batch=batch, hidden=hidden, inputs=inputs, methods={})
+    for name, call in calls.items():  # compile and warm up
+        with bppsa.trace_plans() as plans:
+            jax.block_until_ready(call(params, xs))
+        if name in methods:
+            ran = plans[0].backward or plans[0].method
+            row["methods"][name] = dict(ran=repr(ran), jacobians=plans[0].jacobians)
+    times = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            jax.block_until_ready(call(params, xs))
+            times[name].append(time.perf_counter() - start)
+    forward = times["forward"]
+    row["forward_min_s"], row["forward_median_s"] = min(forward), statistics.median(forward)
+    for name in ["bp", *methods]:
+        entry = row["methods"].setdefault(name, {})
+        ts = times[name]
+        entry["grad_min_s"], entry["grad_median_s"] = min(ts), statistics.median(ts)
+        entry["backward_min_s"] = min(ts) - min(forward)
+        entry["backward_median_s"] = statistics.median(ts) - statistics.median(forward)
+        entry["backward_resolved"] = resolved(ts, forward)
+        entry["per_step_backward_us"] = 1e6 * entry["backward_median_s"] / length
+    bp = row["methods"]["bp"]
+    for name in methods:
+        entry = row["methods"][name]
+        clear = entry["backward_resolved"] and bp["backward_resolved"]
+        for stat in ("min", "median"):
+            b = entry[f"backward_{stat}_s"]
+            entry[f"backward_speedup_{stat}"] = bp[f"backward_{stat}_s"] / b if clear else None
+            entry[f"grad_speedup_{stat}"] = bp[f"grad_{stat}_s"] / entry[f"grad_{stat}_s"]
+    return row
+
+
+def write(path: pathlib.Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".json") as f:
+        json.dump(data, f, indent=1)
+    os.replace(f.name, path)
+
+
+def _x(value) -> str:
+    return "  n/r" if value is None else f"{value:5.2f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", nargs="+", default=["diagonal-gru"], choices=list(CELLS))
+    parser.add_argument("--hiddens", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--inputs", type=int, default=64)
+    parser.add_argument(
+        "--methods", nargs="+", default=["auto", "blelloch"], help="names or blocked:<name>:<K>"
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/width.json"))
+    args = parser.parse_args(argv)
+    data = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": sys.argv, "rows": []}
+    data["cpus"] = os.cpu_count()
+    for cell in args.cells:
+        for hidden in args.hiddens:
+            row = measure(
+                cell, args.length, args.batch, hidden, args.inputs, args.methods, args.repeats
+            )
+            data["rows"].append(row)
+            write(args.out, data)
+            bp = row["methods"]["bp"]
+            line = f"{cell:<13} H={hidden:<5} BP bwd {1e3 * bp['backward_median_s']:9.1f} ms"
+            for name in args.methods:
+                m = row["methods"][name]
+                line += (
+                    f" | {name} bwd {1e3 * m['backward_median_s']:8.1f} ms "
+                    f"x{_x(m['backward_speedup_median'])} ({m['jacobians']}; {m['ran']})"
+                )
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
