@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The speed benchmark on one CUDA GPU (JAX's GPU backend), in one call of at most ~8 minutes:
-# the paper's grids first (RNN and GRU, H = 20: T sweep at B = 16, B sweep at T = 1000), then
+# the structured cells' width rows first (width_gpu.json), then the paper's grids (RNN and GRU, H = 20: T sweep at B = 16, B sweep at T = 1000), then
 # larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256: the dense scan does
 # ~H times BP's arithmetic, so somewhere there the parallel scan stops paying), the most
 # expensive last. Methods: BP (always, the baseline), Auto(), Blelloch(), Chunked(); one that
@@ -45,6 +45,22 @@ rm -f "$json"
 : >"$log"
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$log" || true
+fi
+# Width first (benchmarks/width.py, the newest claim), within width_s: ParaRNN's diagonal GRU
+# and CIFG LSTM, whose Jacobians stay diagonal / 2x2-block, at H = 256, 1024, 4096, T = 1k,
+# 4k, 16k, B = 8, 1: the forward (lax.scan vs the Newton forward) and the backward (BP vs
+# Auto and Blelloch). Points not started in time are left out ("complete": false).
+width_s=150
+width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1024 4096
+    --lengths 1000 4096 16384 --batches 8 1 --inputs 256 --methods auto blelloch --newton
+    --repeats 3 --seconds $((width_s - 40)))
+[[ " $* " == *" --dry-run "* ]] && width_args=(--cells diagonal-gru cifg-lstm --hiddens 8
+    --lengths 16 --batches 2 --inputs 4 --methods auto blelloch --newton --repeats 1)
+width_status=0
+timeout --kill-after=10 "$width_s" python3 -m benchmarks.width "${width_args[@]}" \
+    --out "$out_dir/width_gpu.json" 2>&1 | tee -a "$log" || width_status=$?
+if ((width_status == 2)); then # no GPU backend: the speed benchmark below says so and stops
+    echo "gpu.sh: benchmarks.width measured nothing (not a GPU backend)" | tee -a "$log"
 fi
 resume=()
 status=0

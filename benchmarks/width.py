@@ -103,12 +103,18 @@ def resolved(totals: list[float], forwards: list[float]) -> bool:
     return q1 > statistics.quantiles(forwards, n=4, method="inclusive")[2]
 
 
-def measure(cell, length, batch, hidden, inputs, methods, repeats) -> dict:
+def newton_scan(*args, **kwargs):
+    return bppsa.scan(*args, forward=bppsa.Newton(), **kwargs)
+
+
+def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False) -> dict:
     params, xs, loss = problem(cell, length, batch, hidden, inputs)
     calls = {
         "forward": jax.jit(lambda p, xs: loss(jax.lax.scan, p, xs)),
         "bp": jax.jit(jax.grad(lambda p, xs: loss(jax.lax.scan, p, xs))),
     }
+    if newton:  # the forward alone, solved parallel in time (certified; see bppsa.Newton)
+        calls["forward_newton"] = jax.jit(lambda p, xs: loss(newton_scan, p, xs))
     for name in methods:
         method = method_of(name)
         calls[name] = jax.jit(bppsa.grad(lambda p, xs: loss(bppsa.scan, p, xs), method=method))
@@ -127,6 +133,10 @@ def measure(cell, length, batch, hidden, inputs, methods, repeats) -> dict:
             times[name].append(time.perf_counter() - start)
     forward = times["forward"]
     row["forward_min_s"], row["forward_median_s"] = min(forward), statistics.median(forward)
+    if newton:
+        ts = times["forward_newton"]
+        row["newton_min_s"], row["newton_median_s"] = min(ts), statistics.median(ts)
+        row["newton_speedup_median"] = row["forward_median_s"] / row["newton_median_s"]
     for name in ["bp", *methods]:
         entry = row["methods"].setdefault(name, {})
         ts = times[name]
@@ -168,26 +178,62 @@ def main(argv=None) -> int:
         "--methods", nargs="+", default=["auto", "blelloch"], help="names or blocked:<name>:<K>"
     )
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", type=int, nargs="+", help="several T (overrides --length)")
+    parser.add_argument("--batches", type=int, nargs="+", help="several B (overrides --batch)")
+    parser.add_argument("--newton", action="store_true", help="also time the Newton forward")
+    parser.add_argument("--seconds", type=float, help="stop starting points after this long")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/width.json"))
+    parser.add_argument("--require-backend", help="stop unless JAX's default backend is this")
     args = parser.parse_args(argv)
+    backend = jax.default_backend()
+    if args.require_backend and backend != args.require_backend:
+        print(
+            f"benchmarks.width: this run needs JAX's {args.require_backend!r} backend, but the "
+            f"default backend is {backend!r}; nothing was measured.",
+            file=sys.stderr,
+        )
+        return 2
     data = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": sys.argv, "rows": []}
     data["cpus"] = os.cpu_count()
-    for cell in args.cells:
-        for hidden in args.hiddens:
+    started = time.perf_counter()
+    grid = [
+        (cell, hidden, length, batch)
+        for cell in args.cells
+        for hidden in args.hiddens
+        for length in args.lengths or [args.length]
+        for batch in args.batches or [args.batch]
+    ]
+    data["complete"] = False
+    for cell, hidden, length, batch in grid:
+        if args.seconds is not None and time.perf_counter() - started > args.seconds:
+            break
+        try:
             row = measure(
-                cell, args.length, args.batch, hidden, args.inputs, args.methods, args.repeats
+                cell, length, batch, hidden, args.inputs, args.methods, args.repeats, args.newton
             )
+        except Exception as error:  # e.g. out of device memory: recorded, the grid goes on
+            row = dict(cell=cell, length=length, batch=batch, hidden=hidden, status="error")
+            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
             data["rows"].append(row)
             write(args.out, data)
-            bp = row["methods"]["bp"]
-            line = f"{cell:<13} H={hidden:<5} BP bwd {1e3 * bp['backward_median_s']:9.1f} ms"
-            for name in args.methods:
-                m = row["methods"][name]
-                line += (
-                    f" | {name} bwd {1e3 * m['backward_median_s']:8.1f} ms "
-                    f"x{_x(m['backward_speedup_median'])} ({m['jacobians']}; {m['ran']})"
-                )
-            print(line, flush=True)
+            print(f"{cell} H={hidden} T={length} B={batch}: {row['error']}", flush=True)
+            continue
+        data["rows"].append(row)
+        write(args.out, data)
+        bp = row["methods"]["bp"]
+        line = f"{cell:<13} H={hidden:<5} T={length:<6} B={batch:<3}"
+        line += f" BP bwd {1e3 * bp['backward_median_s']:9.1f} ms"
+        for name in args.methods:
+            m = row["methods"][name]
+            line += (
+                f" | {name} bwd {1e3 * m['backward_median_s']:8.1f} ms "
+                f"x{_x(m['backward_speedup_median'])} ({m['jacobians']}; {m['ran']})"
+            )
+        if args.newton:
+            line += f" | Newton fwd x{row['newton_speedup_median']:.2f}"
+        print(line, flush=True)
+    data["complete"] = len(data["rows"]) == len(grid)
+    write(args.out, data)
     return 0
 
 

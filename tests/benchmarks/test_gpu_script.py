@@ -31,13 +31,19 @@ sys.meta_path.insert(0, _TestOnly())
 
 
 def run_script(tmp_path, *args, crash_first=False):
-    """Runs gpu.sh with ``args``; ``crash_first``: the first python3 dies of SIGSEGV."""
+    """Runs gpu.sh with ``args``; ``crash_first``: the first run of the speed benchmark dies
+    of SIGSEGV."""
     bin_dir, site, out = tmp_path / "bin", tmp_path / "site", tmp_path / "out"
     for folder in (bin_dir, site, out):
         folder.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
     marker = tmp_path / "crashed"
-    crash = f"[ -e {marker} ] || {{ touch {marker}; kill -SEGV $$; }}\n" if crash_first else ""
+    crash = (
+        f'case "$*" in *benchmarks.speed*) [ -e {marker} ] || '
+        f"{{ touch {marker}; kill -SEGV $$; }};; esac\n"
+        if crash_first
+        else ""
+    )
     python3 = bin_dir / "python3"
     python3.write_text(f'#!/bin/sh\n{crash}exec "{sys.executable}" "$@"\n')
     python3.chmod(0o755)
@@ -100,6 +106,21 @@ def test_dry_run_has_a_row_for_every_cell_method_and_sweep(dry_run):
                 assert method["runs"] and (method["peak_bytes"] or 0) >= 0
 
 
+def test_dry_run_first_runs_the_width_rows(dry_run):
+    _, out = dry_run
+    width = json.loads((out / "width_gpu.json").read_text())
+    assert width["complete"]
+    assert [(r["cell"], r["hidden"], r["length"], r["batch"]) for r in width["rows"]] == [
+        ("diagonal-gru", 8, 16, 2),
+        ("cifg-lstm", 8, 16, 2),
+    ]
+    for row in width["rows"]:
+        assert set(row["methods"]) == {"bp", "auto", "blelloch"} and row["newton_min_s"] > 0
+        structure = "diagonal" if row["cell"] == "diagonal-gru" else "block-diagonal k=2"
+        assert row["methods"]["blelloch"]["jacobians"] == f"analytic, {structure}"
+    assert "diagonal-gru  H=8" in (out / "speed_gpu.log").read_text()  # printed to the log
+
+
 def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     _, out = dry_run
     sharded = json.loads((out / "sharded_gpu.json").read_text())
@@ -142,6 +163,7 @@ def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
     assert done.returncode != 0
     assert "needs JAX's 'gpu' backend" in done.stdout + done.stderr
     assert not (out / "speed_gpu.json").exists()
+    assert not (out / "width_gpu.json").exists()
     assert not (out / "sharded_gpu.json").exists()
     assert not (out / "vgg11_gpu").exists()
 
