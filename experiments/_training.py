@@ -74,14 +74,15 @@ class Task:
         batches: ``batches(start)`` yields the batches of iterations ``start, start + 1, ...``;
             the batch of an iteration must depend on the iteration only (exact resume).
         iterations_per_epoch: iterations in one pass over the training data.
-        evaluate: optional ``evaluate(params) -> {name: float}`` (e.g. test loss and accuracy).
+        evaluate: optional ``evaluate(params) -> {name: float or str}`` (e.g. test loss and
+            accuracy; a str, e.g. generated text, is logged as it is).
     """
 
     loss: Callable[..., Any]
     params: Any
     batches: Callable[[int], Iterable[Batch]]
     iterations_per_epoch: int
-    evaluate: Callable[[Any], dict[str, float]] | None = None
+    evaluate: Callable[[Any], dict[str, float | str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +319,10 @@ class Trainer:
         if self.task.evaluate is not None and (
             done == self.num_iterations or (self.eval_every and done % self.eval_every == 0)
         ):
-            metrics = {k: float(v) for k, v in self.task.evaluate(params).items()}
+            metrics = {
+                k: v if isinstance(v, str) else float(v)
+                for k, v in self.task.evaluate(params).items()
+            }
             rows += (
                 dict(
                     kind="eval",
