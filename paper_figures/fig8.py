@@ -87,7 +87,11 @@ def _row(axes, points, methods, sweep, letters):
 
     ax_time, ax_speedup, ax_breakdown = axes
     backward_ms = {
-        m: [None if v is None else 1e3 * v for v in values("backward_s", m)] for m in methods
+        m: [
+            None if v is None or not _resolved(row["methods"].get(m, {})) else 1e3 * v
+            for v, row in zip(values("backward_s", m), points)
+        ]
+        for m in methods
     }
     _log_bars(ax_time, x, backward_ms, methods, methods)
     ax_time.set_ylabel("backward time per iteration (ms, log scale)")
@@ -106,6 +110,17 @@ def _row(axes, points, methods, sweep, letters):
     for ax in axes:
         ax.set_xticks(x, ticks)
         ax.set_xlabel(xlabel)
+    return [
+        f"{method_names.short(m)} at {sweep} = {tick}"
+        for row, tick in zip(points, ticks)
+        for m in methods
+        if not _resolved(row["methods"].get(m, {}))
+    ]
+
+
+def _resolved(m: dict) -> bool:
+    """Whether a backward time was resolved (older result files do not say: resolved)."""
+    return m.get("backward_s") is None or m.get("backward_resolved", True)
 
 
 def _breakdown(ax, x, points, methods):
@@ -118,7 +133,7 @@ def _breakdown(ax, x, points, methods):
         for row in points:
             base = row["methods"].get(method_names.BASELINE, row["methods"][method])["step_s"]
             m = row["methods"].get(method, {})
-            if not m or row["forward_s"] is None or m.get("backward_s") is None:
+            if not m or row["forward_s"] is None or m.get("backward_s") is None or not _resolved(m):
                 fwd.append(np.nan), bwd.append(np.nan), upd.append(np.nan)
                 continue
             fwd.append(row["forward_s"] / base)
@@ -159,6 +174,16 @@ def _keys(methods: list[str]) -> list[_style.Key]:
     ]
 
 
+def _unresolved_note(unresolved: list[str]) -> str:
+    if not unresolved:
+        return ""
+    return (
+        f"Not drawn in (a), (b) and the breakdown: {len(unresolved)} backward time"
+        f"{'s' if len(unresolved) > 1 else ''} within the timings' spread (value_and_grad's "
+        f"lower quartile not above the forward's upper quartile): {', '.join(unresolved)}. "
+    )
+
+
 def _count(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
@@ -170,10 +195,11 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
     resolved = config.get("resolved", {})
     sweeps = [s for s in ("T", "B") if any(r["point"]["sweep"] == s for r in points)]
     fig, axes = plt.subplots(len(sweeps), 3, figsize=(15, 4.0 * len(sweeps)), squeeze=False)
+    unresolved: list[str] = []
     for row_axes, sweep in zip(axes, sweeps):
         letters = "abc" if sweep == "T" else "def"
         rows = [r for r in points if r["point"]["sweep"] == sweep]
-        _row(row_axes, rows, methods, sweep, letters)
+        unresolved += _row(row_axes, rows, methods, sweep, letters)
     counts = sorted({m["iterations"] for r in points for m in r["methods"].values()})
     span = (
         "?"
@@ -193,7 +219,8 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
         "method (methods run in lockstep, after compilation and a warm-up call); an iteration "
         "is the sum of its phases. Forward: the jitted loss alone; backward = value_and_grad - "
         "forward; update: Adam. Backward speedup = (t_BP - t_fwd) / (t_method - t_fwd), with "
-        f"t = value_and_grad. {_style.methods_note(names)} {_style.software(meta)}.",
+        f"t = value_and_grad. {_unresolved_note(unresolved)}{_style.methods_note(names)} "
+        f"{_style.software(meta)}.",
         _keys(methods),
     )
     return fig
