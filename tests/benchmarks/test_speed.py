@@ -1,5 +1,5 @@
-"""The speed benchmark's command line on a tiny grid: it runs, and its JSON holds what the
-README quotes (no timing is asserted)."""
+"""The speed benchmark's command line on a tiny grid: it runs, and its JSON holds what
+docs/performance.md quotes (no timing is asserted)."""
 
 import json
 import math
