@@ -30,7 +30,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-# The HTML reference of the public API (from the docstrings) and the README's usage sections, in
+# The documentation site: the README's front page, the pages of docs/ (guide, performance,
+# experiments, design, ...) and the API reference from the docstrings, in
 # docs/_build/html/index.html; warnings are errors (tests/test_docs.py builds the same).
 docs: $(DOCS_STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html

@@ -47,7 +47,7 @@ QUICK_T = (100, 1_000)
 CASES = ("rnn-init", "rnn-trained", "rnn-contractive", "rnn-expansive", "gru-irmas")
 DTYPES = ("float32", "float64")
 TIMING_T = (1_000, 10_000)
-TRAIN_STEPS, TRAIN_T = 300, 1_000  # the demo's training: Adam, lr 3e-4, batch 16
+TRAIN_STEPS, TRAIN_T = 300, 1_000  # a short training: Adam, lr 3e-4, batch 16
 DRY_RUN = dict(lengths=(8,), timing_lengths=(8,), rounds=1, train_steps=2, dtypes=("float32",))
 
 
@@ -71,7 +71,7 @@ def critical_path(length: int, iterations: int, fallback: int) -> dict:
 
 
 def trained_rnn(seed: int = 0, steps: int = TRAIN_STEPS) -> dict:
-    """The paper's RNN classifier after the demo's short training (Adam, lr 3e-4)."""
+    """The paper's RNN classifier after a short training (Adam, lr 3e-4)."""
     model = SequenceClassifier(1, 20, 10)
     params = model.init(key=jax.random.key(seed))
     data = Bitstreams(length=TRAIN_T if steps == TRAIN_STEPS else 16, seed=seed)

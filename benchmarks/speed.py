@@ -334,23 +334,39 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
         if name not in fns:
             continue
         total, total_min = statistics.median(times[name]), min(times[name])
-        backward = max(total - forward, 1e-9)
+        backward = total - forward  # as measured: may sit inside the spread, even below 0
+        clear = resolved(times[name], times["forward"])
+        both = clear and resolved(times[BP], times["forward"])
         work = scan_work(runs_of[name], config.length, config.batch, config.hidden)
         count = _speed_model.backward_count(fns[name], fns["forward"])
         row["methods"][name].update(
             total_ms=1e3 * total,
             total_min_ms=1e3 * total_min,
             backward_ms=1e3 * backward,
-            backward_min_ms=1e3 * max(total_min - forward_min, 1e-9),
-            backward_speedup=(bp - forward) / backward,
+            backward_min_ms=1e3 * (total_min - forward_min),
+            backward_resolved=clear,
+            backward_speedup=(bp - forward) / backward if both else None,
             overall_speedup=bp / total,
             scan_gflop=work / 1e9,
-            achieved_gflops=work / backward / 1e9,
+            achieved_gflops=work / backward / 1e9 if clear else None,
             floor_ms=floor_ms(runs_of[name]),
             hlo_backward=count,
             model_ms=model_ms(count),
             page_faults=statistics.median(faults[name]),
         )
+
+
+def resolved(totals: list[float], forwards: list[float]) -> bool:
+    """Whether ``total - forward`` stands clear of the timings' spread: the lower quartile of
+    the totals above the upper quartile of the forwards (else it is recorded, not divided by)."""
+    if len(totals) < 2 or len(forwards) < 2:
+        return min(totals) > max(forwards)
+    low = statistics.quantiles(totals, n=4, method="inclusive")[0]
+    return low > statistics.quantiles(forwards, n=4, method="inclusive")[2]
+
+
+def _speedup(ratio: float | None) -> str:
+    return "x  n/r" if ratio is None else f"x{ratio:5.2f}"
 
 
 def print_row(row):
@@ -376,7 +392,7 @@ def print_row(row):
         runs = f" [{m['runs']}]" if name == method_names.AUTO else ""
         parts.append(
             f"{name}: bwd {m['backward_ms']:7.2f} ({m['backward_min_ms']:.2f}) ms "
-            f"x{m['backward_speedup']:5.2f}{_floor(m['floor_ms'])}{runs}"
+            f"{_speedup(m['backward_speedup'])}{_floor(m['floor_ms'])}{runs}"
         )
     print(head + "  |  " + "  |  ".join(parts), flush=True)
 

@@ -1,4 +1,5 @@
-"""Sphinx configuration of bppsa's documentation: the README as the usage page, then the API
+"""Sphinx configuration of bppsa's documentation: the README's front part as the front page, the
+pages of docs/*.md (MyST markdown: guide, measurements, experiments, design), then the API
 reference generated from the docstrings (Google style) of what each package's ``__all__``
 exports. Built by ``make docs`` and by tests/test_docs.py, with warnings as errors."""
 
@@ -18,6 +19,9 @@ release = bppsa.__version__
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "myst_parser"]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build"]
+# Anchors for the headings of the pages (down to ###), so that ``[text](page.md#a-heading)`` and
+# ``[text](#a-heading)`` links resolve.
+myst_heading_anchors = 3
 html_theme = "alabaster"
 
 # ``:members:`` follows each module's ``__all__``, in its order: a name added there is documented

@@ -61,10 +61,10 @@ def timing_table(comparison: Mapping[str, Any], baseline: str = method_names.BAS
     ]
     for name, m in comparison["methods"].items():
         lines.append(
-            f"{name:<10} {_ms(m['step_s']):>10} {_ms(m['backward_s']):>14} "
+            f"{name:<10} {_ms(m['step_s']):>10} {_backward(m):>14} "
             f"{_x(m.get('backward_speedup')):>12} {_x(m.get('overall_speedup')):>8}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _unresolved_note([comparison]))
 
 
 def sweep_table(points: Sequence[Mapping[str, Any]], baseline: str = method_names.BASELINE) -> str:
@@ -82,10 +82,33 @@ def sweep_table(points: Sequence[Mapping[str, Any]], baseline: str = method_name
             lines.append(
                 f"{point['sweep']:<5} {point['length']:>6} {point['batch']:>4} {name:<9} "
                 f"{_ms(row['forward_s']):>8} {_ms(base.get('step_s')):>9} {_ms(m['step_s']):>9} "
-                f"{_ms(base.get('backward_s')):>8} {_ms(m['backward_s']):>8} "
+                f"{_backward(base):>8} {_backward(m):>8} "
                 f"{_x(m.get('backward_speedup')):>7} {_x(m.get('overall_speedup')):>9}"
             )
-    return "\n".join(lines)
+    return "\n".join(lines + _unresolved_note(points))
+
+
+def _backward(m: Mapping[str, Any]) -> str:
+    """A backward time in ms, starred where it is not resolved (inside the timings' spread)."""
+    text = _ms(m.get("backward_s"))
+    return (
+        text + "*"
+        if m.get("backward_s") is not None and not m.get("backward_resolved", True)
+        else text
+    )
+
+
+def _unresolved_note(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not any(
+        m.get("backward_s") is not None and not m.get("backward_resolved", True)
+        for row in rows
+        for m in row["methods"].values()
+    ):
+        return []
+    return [
+        "* backward not resolved: value_and_grad's lower quartile is not above the forward's "
+        "upper quartile, so grad - forward is within the noise (no backward speedup derived)"
+    ]
 
 
 def _ms(seconds: float | None) -> str:

@@ -35,7 +35,7 @@ import argparse
 import dataclasses
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -134,19 +134,45 @@ PRESETS = {
 }
 
 
-def make_task(config: Config) -> Task:
-    """The classifier, its initial parameters and the batches of ``config``."""
-    data = config.data()
-    model = SequenceClassifier(1, config.hidden, NUM_CLASSES)
+def make_model(config: Config) -> SequenceClassifier:
+    """The paper's classifier at ``config``'s hidden size."""
+    return SequenceClassifier(1, config.hidden, NUM_CLASSES)
+
+
+def initial_params(config: Config) -> dict:
+    """The classifier's parameters at initialization (PyTorch's), from ``config.seed``."""
     # stream 0 of the seed; the data draw from their own streams of it (Bitstreams)
-    params = model.init(key=jax.random.fold_in(jax.random.key(config.seed), 0))
+    key = jax.random.fold_in(jax.random.key(config.seed), 0)
+    return make_model(config).init(key=key)
+
+
+def make_task(
+    config: Config,
+    *,
+    inputs: Callable[[jax.Array], jax.Array] | None = None,
+    params: dict | None = None,
+) -> Task:
+    """The classifier, its initial parameters and the batches of ``config``.
+
+    Args:
+        config: sizes, data and evaluation.
+        inputs: what the model reads of a batch of bits ``(B, T, 1)`` (in training and
+            evaluation); default: the bits as they are, 0 and 1.
+        params: the initial parameters; default: :func:`initial_params`.
+    """
+    data = config.data()
+    model = make_model(config)
+    params = initial_params(config) if params is None else params
+    encode = (lambda xs: xs) if inputs is None else inputs
     evaluate = None
     if config.eval_samples:
-        evaluate = _evaluator(model, data, config.eval_samples)
+        evaluate = _evaluator(model, data, config.eval_samples, encode)
     return Task(
         loss=model.loss,
         params=params,
-        batches=lambda start: data.batches("train", config.batch, start=start),
+        batches=lambda start: (
+            (encode(xs), labels) for xs, labels in data.batches("train", config.batch, start=start)
+        ),
         iterations_per_epoch=data.batches_per_epoch("train", config.batch),
         evaluate=evaluate,
     )
@@ -160,16 +186,25 @@ def make_trainers(
     checkpoint_every: int = 100,
     overwrite: bool = False,
     progress: bool | None = None,
+    task: Task | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> dict[str, Trainer]:
-    """A trainer per method, logging to ``out_dir/<method>/``, on the same data and init."""
-    task = make_task(config)
-    identity = dataclasses.asdict(config)
+    """A trainer per method, logging to ``out_dir/<method>/``, on the same data and init.
+
+    ``task`` (default :func:`make_task` of ``config``) and ``optimizer`` (default Adam at
+    ``config.lr``) replace the paper's; ``recorded`` (JSON-able) joins ``config`` in each run's
+    recorded configuration, to say how they differ.
+    """
+    task = make_task(config) if task is None else task
+    optimizer = optax.adam(config.lr) if optimizer is None else optimizer
+    identity = dataclasses.asdict(config) | (recorded or {})
     for key in ("iterations", "epochs"):  # a run may be extended
         identity.pop(key)
     eval_every = task.iterations_per_epoch if config.eval_samples else None
     return lockstep_trainers(
         task,
-        optax.adam(config.lr),
+        optimizer,
         methods,
         out_dir,
         identity,
@@ -195,8 +230,12 @@ def train(
     checkpoint_every: int = 100,
     overwrite: bool = False,
     progress: bool | None = None,
+    task: Task | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    recorded: dict[str, Any] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Trains every method in lockstep; returns each run's log rows."""
+    """Trains every method in lockstep; returns each run's log rows. ``task``, ``optimizer``
+    and ``recorded``: as :func:`make_trainers` takes them (default: the paper's)."""
     trainers = make_trainers(
         config,
         methods,
@@ -204,6 +243,9 @@ def train(
         checkpoint_every=checkpoint_every,
         overwrite=overwrite,
         progress=progress,
+        task=task,
+        optimizer=optimizer,
+        recorded=recorded,
     )
     run_together(list(trainers.values()), chunk=checkpoint_every)
     return {name: trainer.rows() for name, trainer in trainers.items()}
@@ -270,7 +312,7 @@ def sweep(
     )
 
 
-def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, batch: int = 500):
+def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, encode, batch: int = 500):
     logits = jax.jit(jax.vmap(model.logits, in_axes=(None, 0)))
     count = min(samples, data.size("test"))
     offset = data.size("train")
@@ -279,7 +321,7 @@ def _evaluator(model: SequenceClassifier, data: Bitstreams, samples: int, batch:
         loss = correct = 0.0
         for start in range(0, count, batch):
             xs, labels = data.samples(np.arange(start, min(start + batch, count)) + offset)
-            out = logits(params, xs)
+            out = logits(params, encode(xs))
             loss += float(optax.softmax_cross_entropy_with_integer_labels(out, labels).sum())
             correct += float((out.argmax(-1) == labels).sum())
         return {"test_loss": loss / count, "test_accuracy": correct / count}

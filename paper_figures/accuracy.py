@@ -55,7 +55,10 @@ def draw(payload: dict) -> plt.Figure:
     regimes = list(dict.fromkeys(r["regime"] for r in rows))
     methods = _methods(rows)
     fig, axes = plt.subplots(
-        len(cells), len(regimes), figsize=(5.2 * len(regimes), 3.6 * len(cells)), squeeze=False
+        len(cells),
+        len(regimes),
+        figsize=(5.2 * len(regimes), 3.4 * len(cells) + 0.4),
+        squeeze=False,
     )
     for i, cell in enumerate(cells):
         for j, regime in enumerate(regimes):
@@ -84,30 +87,22 @@ def draw(payload: dict) -> plt.Figure:
             overflow = [
                 r["length"] for r in panel if _median(r, "end_to_end", method_names.BP) is None
             ]
+            title = f"{cell.upper()}, {regime} weights (||W_hh|| = {panel[0]['gain']:g})"
             if overflow:
                 ax.axvspan(min(overflow) / 1.5, max(overflow) * 1.5, color="0.85", zorder=0)
-                ax.text(
-                    min(overflow),
-                    0.5,
-                    "float32 overflows\n(every method)",
-                    transform=ax.get_xaxis_transform(),
-                    fontsize=7,
-                )
+                title += f"\ngrey: float32 overflows (every method), T >= {min(overflow):,}"
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.set_title(f"{cell.upper()}, {regime} weights (||W_hh|| = {panel[0]['gain']:g})")
+            ax.set_title(title)
             ax.set_xlabel("sequence length T")
             ax.set_ylabel("float32 gradient error vs float64")
-    handles, labels = next(
-        (ax.get_legend_handles_labels() for ax in axes.flat if ax.lines), ([], [])
-    )
-    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.055), ncol=4)
+    handles = next((ax.get_legend_handles_labels()[0] for ax in axes.flat if ax.lines), [])
     fig.suptitle(
         f"Float32 gradient error of BPPSA and BP (B = {payload.get('batch')}, "
         f"H = {payload.get('hidden')}; {payload.get('device', payload.get('backend', '?'))}, "
         f"jax {payload.get('jax', '?')})"
     )
-    _style.caption(
+    _style.finish(
         fig,
         "Error of each example's gradient: max over parameter leaves of max|g - g64| / max|g64|; "
         "the median over the examples. Solid: against jax.grad through lax.scan in float64. "
@@ -115,8 +110,8 @@ def draw(payload: dict) -> plt.Figure:
         "against float64 back-propagation along it (the error of the backward pass alone). "
         "Expansive weights: the float32 and float64 trajectories part ways (chaos), so "
         "end-to-end errors reach 1e-2 and beyond for BP as much as for BPPSA.",
+        [_style.Key(handles)] if handles else [],
     )
-    fig.tight_layout(rect=(0, 0.13, 1, 0.96))
     return fig
 
 

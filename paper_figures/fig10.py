@@ -37,6 +37,8 @@ KIND_COLORS = {
     "GEMV": "#bcbd22",
 }
 SWEEPS = ("up", "linear", "down")
+GROUP_GAP = 3.0  # points between the axes and the labels of the groups of products above it
+DATA_SHARE = 0.78  # of the height of panel (b) that its bars may reach
 
 
 def load(path: str | pathlib.Path) -> dict:
@@ -73,7 +75,8 @@ def _order(rows: list[dict]) -> list[dict]:
     return sorted(rows, key=key)
 
 
-def _products(ax: plt.Axes, result: dict, key: str) -> None:
+def _products(ax: plt.Axes, result: dict, key: str) -> _style.Key:
+    """Panel (a); returns its legend."""
     rows = _order(result["scans"][key]["rows"])
     x = np.arange(len(rows))
     flops = np.array([max(r["flops"], 1) for r in rows], float)
@@ -85,6 +88,8 @@ def _products(ax: plt.Axes, result: dict, key: str) -> None:
     bp_layer = max(r["bp_input_flops"] for r in result["layers"])
     _style.baseline_line(ax, bp_layer, "BP: largest dense input gradient of one layer")
     ax.set_yscale("log")
+    ax.set_xticks(x[:: max(1, len(x) // 20)])
+    ax.set_xlim(-0.8, len(rows) - 0.2)
     groups, start = [], 0
     for i in range(1, len(rows) + 1):
         if i == len(rows) or (rows[i]["sweep"], rows[i]["level"]) != (
@@ -93,32 +98,47 @@ def _products(ax: plt.Axes, result: dict, key: str) -> None:
         ):
             groups.append((start, i - 1, rows[start]["sweep"], rows[start]["level"]))
             start = i
-    for first, last, sweep, level in groups:
-        if first:
-            ax.axvline(first - 0.5, color="#999999", linewidth=0.8)
-        name = "linear" if sweep == "linear" else f"{sweep} {level}"
-        ax.text(
-            (first + last) / 2,
-            1.02,
-            name,
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
+    _group_labels(ax, groups)
     kinds = list(dict.fromkeys(r["kind"] for r in rows))
     handles = [Patch(color=KIND_COLORS.get(k, "#7f7f7f"), label=k) for k in kinds]
     handles.append(Patch(facecolor="white", edgecolor="black", label="on the critical path"))
     handles += ax.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=6, fontsize=7)
-    ax.set_xticks(x[:: max(1, len(x) // 20)])
-    ax.set_xlim(-0.8, len(rows) - 0.2)
     ax.set_xlabel("product of the scan, in the order formed")
     ax.set_ylabel("FLOPs (log scale)")
-    ax.set_title(f"(a) every product of the scan with {_scan_label(key)}", pad=14)
+    return _style.Key(handles, "(a) products")
 
 
-def _totals(ax: plt.Axes, result: dict) -> None:
+def _group_labels(ax: plt.Axes, groups: list[tuple[int, int, str, int]]) -> None:
+    """The sweep and level of each group of products, above the axes: upright where the group
+    is wide enough for it (judged at the axes' width before the layout, less a margin), turned
+    otherwise; the title is raised above the tallest."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    left, right = ax.get_xlim()
+    points_per_unit = 0.9 * ax.get_position().width * fig.get_figwidth() * 72 / (right - left)
+    tallest = 0.0
+    for first, last, sweep, level in groups:
+        if first:
+            ax.axvline(first - 0.5, color="#999999", linewidth=0.8)
+        label = ax.annotate(
+            "linear" if sweep == "linear" else f"{sweep} {level}",
+            ((first + last) / 2, 1.0),
+            xycoords=ax.get_xaxis_transform(),
+            xytext=(0, GROUP_GAP),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+        points = 72 / fig.dpi
+        if label.get_window_extent(renderer).width * points > (last - first + 1) * points_per_unit:
+            label.set_rotation(90)
+        tallest = max(tallest, label.get_window_extent(renderer).height * points)
+    ax.set_title(ax.get_title(), pad=2 * GROUP_GAP + tallest)
+
+
+def _totals(ax: plt.Axes, result: dict) -> _style.Key:
+    """Panel (b); returns its legend."""
     base = result["baselines"]
     labels = ["BP\n(dense)", "sparse\nchain"]
     all_flops = [base["bp"]["flops"], base["sparse_chain"]["flops"]]
@@ -133,25 +153,28 @@ def _totals(ax: plt.Axes, result: dict) -> None:
     bars_crit = ax.bar(
         x + width / 2, np.maximum(critical, 1), width, color="#d62728", label="critical path"
     )
+    _style.baseline_line(ax, base["bp"]["flops"], "BP baseline")
+    ax.set_yscale("log")
+    # The ratios stand in a row along the top, in a band the data leave free: the bars reach
+    # at most DATA_SHARE of the log axis' height.
+    low, high = np.log10(max(min(all_flops + critical), 1) / 3), np.log10(max(all_flops + critical))
+    ax.set_ylim(10**low, 10 ** (low + (high - low) / DATA_SHARE))
     for bars, values in ((bars_all, all_flops), (bars_crit, critical)):
         for bar, value in zip(bars, values):
             ax.text(
                 bar.get_x() + bar.get_width() / 2,
-                bar.get_height() * 1.1,
+                0.98,
                 f"{value / base['bp']['flops']:.2g}x",
+                transform=ax.get_xaxis_transform(),
                 ha="center",
-                va="bottom",
+                va="top",
                 fontsize=6.5,
                 rotation=90,
             )
-    _style.baseline_line(ax, base["bp"]["flops"], "BP baseline")
-    ax.set_yscale("log")
-    top = max(max(all_flops), max(critical))
-    ax.set_ylim(top=top * 30)
     ax.set_xticks(x, labels, fontsize=7)
     ax.set_ylabel("FLOPs of the backward's chain (log scale)")
-    ax.set_title("(b) totals (labels: ratio to BP)")
-    ax.legend(loc="upper left", fontsize=7)
+    ax.set_title("(b) totals (top row: ratio to BP)")
+    return _style.Key(ax.get_legend_handles_labels()[0], "(b) totals")
 
 
 def draw(result: dict, levels: str | None = None) -> plt.Figure:
@@ -161,10 +184,10 @@ def draw(result: dict, levels: str | None = None) -> plt.Figure:
     if key not in scans:
         raise KeyError(f"the analysis holds no scan with levels {key!r}; it has {sorted(scans)}")
     fig, (ax_products, ax_totals) = plt.subplots(
-        1, 2, figsize=(13, 4.8), gridspec_kw=dict(width_ratios=(2.2, 1))
+        1, 2, figsize=(13, 4.6), gridspec_kw=dict(width_ratios=(2.2, 1))
     )
-    _products(ax_products, result, key)
-    _totals(ax_totals, result)
+    ax_products.set_title(f"(a) every product of the scan with {_scan_label(key)}")
+    keys = [_products(ax_products, result, key), _totals(ax_totals, result)]
     config = result.get("config", {})
     sparsity = result.get("sparsity", {}).get("overall")
     source = "a trained checkpoint" if config.get("checkpoint") else "a seeded initialization"
@@ -176,18 +199,18 @@ def draw(result: dict, levels: str | None = None) -> plt.Figure:
     )
     base = result["baselines"]
     empty = result.get("empty_layers") or []
-    _style.caption(
+    _style.finish(
         fig,
-        "FLOPs = 2 x matched index pairs of each sparse product (analysed from the static "
+        (f"WARNING: layers {empty} pruned to nothing (network disconnected). " if empty else "")
+        + "FLOPs = 2 x matched index pairs of each sparse product (analysed from the static "
         "patterns, nothing run); dense 2mnk: the same product on dense matrices. BP: the dense "
         "backward as XLA runs it (conv input gradient 2 B Cout Cin k^2 Ho Wo, ReLU/MaxPool one "
         "per element), a sequential chain; weight gradients "
         f"({base['weight_gradient_flops']:.3g} FLOPs) are the same for every method and left "
         "out. Critical path: the largest sum of FLOPs along dependent products."
-        + (f" WARNING: layers {empty} pruned to nothing (network disconnected)." if empty else "")
         + f" {_style.software(result.get('metadata', {}))}.",
+        keys,
     )
-    fig.tight_layout(rect=(0, 0.08, 1, 0.93))
     return fig
 
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 
 from paper_figures import _cli, _style
 from paper_figures.fig7 import moving_average
@@ -58,10 +59,28 @@ def _session(rows: list[dict]) -> dict:
     return next((r for r in rows if r.get("kind") == "session"), {})
 
 
+def _epoch_dot() -> Line2D:
+    """The legend's entry for the dots of the loss over the training set."""
+    dot = Line2D([], [], marker="o", markersize=4, color="#666666", linestyle="")
+    dot.set_label("training set, epoch end")
+    return dot
+
+
+def _in_variants(chosen: dict[str, dict[str, list[str]]]) -> list[str]:
+    """The methods' full labels, naming the variants where a method's differs between them
+    (what ``bppsa.Auto`` chose depends on T)."""
+    return [
+        label if len(labels) == 1 else f"{label} ({', '.join(variants)})"
+        for labels in chosen.values()
+        for label, variants in labels.items()
+    ]
+
+
 def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
     """One panel per variant of ``runs`` (``{variant: {method: rows}}``)."""
-    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 5.0), squeeze=False)
-    meta, synthetic = {}, False
+    fig, axes = plt.subplots(1, len(runs), figsize=(4.6 * len(runs), 4.4), squeeze=False)
+    meta, synthetic, evaluated, handles = {}, False, False, {}
+    chosen: dict[str, dict[str, list[str]]] = {}  # {method: {full label: variants}}
     for ax, (variant, by_method) in zip(axes[0], runs.items(), strict=True):
         totals: list[str] = []
         for index, (method, rows) in enumerate(by_method.items()):
@@ -78,19 +97,18 @@ def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
             window = smooth or max(1, len(steps) // 10)
             c = _style.color(method, index)
             dash = "-" if index == 0 else (0, (4, 3))
-            name = method_names.label(method, config.get("resolved"))
+            name = method_names.short(method)
+            label = method_names.label(method, config.get("resolved"))
+            chosen.setdefault(method, {}).setdefault(label, []).append(variant)
             ax.plot(wall, loss, color=c, alpha=0.2, linewidth=0.6)
-            ax.plot(
-                wall,
-                moving_average(loss, window),
-                color=c,
-                linewidth=2,
-                linestyle=dash,
-                label=name,
+            (line,) = ax.plot(
+                wall, moving_average(loss, window), color=c, linewidth=2, linestyle=dash, label=name
             )
-            totals.append(f"{method}: {wall[-1]:.2f} s for {len(steps)} it.")
+            handles.setdefault(name, line)
+            totals.append(f"{name}: {wall[-1]:.2f} s for {len(steps)} it.")
             evals = [r for r in rows if r.get("kind") == "eval" and "train_loss" in r]
             if evals:
+                evaluated = True
                 ax.plot(
                     [r["wall_clock_s"] for r in evals],
                     [r["train_loss"] for r in evals],
@@ -103,11 +121,9 @@ def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
             f"{variant}: T = {data.get('frames', '?')}, F = {data.get('features', '?')}, "
             f"B = {config.get('batch', '?')}"
         )
-        ax.set_xlabel("wall-clock time of the training steps (s)")
-        ax.text(0.02, 0.02, "\n".join(totals), transform=ax.transAxes, fontsize=7, va="bottom")
+        # The totals under the axis' label, where no curve can run into them.
+        ax.set_xlabel("\n".join(["wall-clock time of the training steps (s)", *totals]))
     axes[0][0].set_ylabel("training loss (cross-entropy)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, bbox_to_anchor=(0.5, 0.09))
     config = meta.get("config", {})
     note = " | SYNTHETIC FIXTURE, NOT IRMAS" if synthetic else ""
     fig.suptitle(
@@ -116,14 +132,15 @@ def draw(runs: dict[str, dict], smooth: int | None = None) -> plt.Figure:
         y=0.995,
         va="top",
     )
-    _style.caption(
+    _style.finish(
         fig,
         "Thin: per-iteration mini-batch loss; thick: trailing moving average; dots: loss over the "
         "whole training set at the end of each epoch. Wall-clock: cumulative time of the jitted "
-        "training steps (value_and_grad + Adam update), without evaluation and logging. Same "
-        f"seed, batch order and initialization for both methods. {_style.software(meta)}.",
+        "training steps (value_and_grad + Adam update), without evaluation and logging; under "
+        "each panel: the total per method. Same seed, batch order and initialization for both "
+        f"methods. {_style.methods_note(_in_variants(chosen))} {_style.software(meta)}.",
+        [_style.Key([*handles.values(), *([_epoch_dot()] if evaluated else [])])],
     )
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
     return fig
 
 

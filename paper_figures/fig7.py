@@ -50,8 +50,8 @@ def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
     """The figure of ``runs`` (``{method: rows}``); ``smooth``: moving-average window."""
     meta = next(r for rows in runs.values() for r in rows if r.get("kind") == "session")
     config = meta["config"]
-    fig, (ax_time, ax_iter) = plt.subplots(1, 2, figsize=(11, 4.4))
-    longest = 1
+    fig, (ax_time, ax_iter) = plt.subplots(1, 2, figsize=(11, 4.0))
+    handles, names = [], []
     for index, (method, rows) in enumerate(runs.items()):
         steps = sorted((r for r in rows if r.get("kind") == "step"), key=lambda r: r["iteration"])
         if not steps:
@@ -63,40 +63,36 @@ def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
         wall = np.array([r["wall_clock_s"] for r in steps])
         iteration = np.array([r["iteration"] for r in steps])
         window = smooth or max(1, len(steps) // 30)
-        longest = max(longest, len(steps))
         c = _style.color(method, index)
-        name = method_names.label(method, resolved)
+        names.append(method_names.label(method, resolved))
+        label = f"{method_names.short(method)}: {wall[-1]:.1f} s for {len(steps)} it."
         # Dashes on the later curves keep a curve visible where it lies on top of another.
         dash = "-" if index == 0 else (0, (4, 3))
         for ax, x in ((ax_time, wall), (ax_iter, iteration)):
             ax.plot(x, loss, color=c, alpha=0.18, linewidth=0.6)
-            ax.plot(
-                x,
-                moving_average(loss, window),
-                color=c,
-                linewidth=2,
-                linestyle=dash,
-                label=f"{name}: {wall[-1]:.1f} s for {len(steps)} it.",
+            (line,) = ax.plot(
+                x, moving_average(loss, window), color=c, linewidth=2, linestyle=dash, label=label
             )
+        handles.append(line)
     ax_time.set_xlabel("wall-clock time of the training steps (s)")
     ax_iter.set_xlabel("iteration")
     for ax in (ax_time, ax_iter):
         ax.set_ylabel("training loss (cross-entropy, mini-batch)")
-        ax.legend(loc="upper right")
     ax_time.set_title("(a) loss vs wall-clock time")
     ax_iter.set_title("(b) loss vs iteration (the curves coincide)")
     fig.suptitle(
         f"Fig. 7: RNN on synthetic bitstreams, T = {config['length']}, B = {config['batch']}, "
-        f"H = {config['hidden']}, Adam lr = {config['lr']:g} | {_style.machine(meta)}"
+        f"H = {config['hidden']}, Adam lr = {config['lr']:g}\n{_style.machine(meta)}"
     )
-    _style.caption(
+    _style.finish(
         fig,
         "Thin: per-iteration mini-batch loss; thick: its trailing moving average. Wall-clock "
         "time: cumulative time of the jitted training steps (value_and_grad + Adam update), "
         "without data generation, evaluation and logging. Same seed, data order and "
-        f"initialization for every method. {_style.software(meta)}.",
+        f"initialization for every method. {_style.methods_note(names)} "
+        f"{_style.software(meta)}.",
+        [_style.Key(handles)],
     )
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return fig
 
 

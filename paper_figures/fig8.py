@@ -18,12 +18,15 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
 from results_io import methods as method_names
 from results_io import read_points
 
 SWEEP_LOG = "sweep.jsonl"
+UPDATE_ALPHA = 0.35
 
 
 def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
@@ -44,9 +47,9 @@ def _methods(points: list[dict]) -> list[str]:
     return sorted(methods, key=lambda name: name != method_names.BASELINE)
 
 
-def _log_bars(ax, positions, values_by_method, methods, resolved, order, include=()):
-    """Grouped bars per method on a log axis spanning the data and ``include`` (e.g. 1), with
-    room above for the legend. Bars rise from the axis' bottom."""
+def _log_bars(ax, positions, values_by_method, methods, order, include=()):
+    """Grouped bars per method on a log axis spanning the data and ``include`` (e.g. 1). Bars
+    rise from the axis' bottom."""
     width = 0.8 / max(len(methods), 1)
     finite = list(include)
     for index, method in enumerate(methods):
@@ -59,14 +62,13 @@ def _log_bars(ax, positions, values_by_method, methods, resolved, order, include
             values,
             width,
             color=_style.color(method, order.index(method)),
-            label=method_names.label(method, resolved.get(method)),
         )
     _style.plain_log_axis(ax)
     if finite:
-        ax.set_ylim(min(finite) / 2, max(finite) * 4)
+        ax.set_ylim(min(finite) / 2, max(finite) * 2)
 
 
-def _row(axes, points, methods, resolved, sweep, letters):
+def _row(axes, points, methods, sweep, letters):
     """Three panels of one sweep."""
     if sweep == "T":
         points = sorted(points, key=lambda r: r["point"]["length"])
@@ -85,15 +87,19 @@ def _row(axes, points, methods, resolved, sweep, letters):
 
     ax_time, ax_speedup, ax_breakdown = axes
     backward_ms = {
-        m: [None if v is None else 1e3 * v for v in values("backward_s", m)] for m in methods
+        m: [
+            None if v is None or not _resolved(row["methods"].get(m, {})) else 1e3 * v
+            for v, row in zip(values("backward_s", m), points)
+        ]
+        for m in methods
     }
-    _log_bars(ax_time, x, backward_ms, methods, resolved, methods)
+    _log_bars(ax_time, x, backward_ms, methods, methods)
     ax_time.set_ylabel("backward time per iteration (ms, log scale)")
     ax_time.set_title(f"({letters[0]}) backward runtime per iteration")
 
     others = [m for m in methods if m != method_names.BASELINE]
     speedups = {m: values("backward_speedup", m) for m in others}
-    _log_bars(ax_speedup, x, speedups, others, resolved, methods, include=(1.0,))
+    _log_bars(ax_speedup, x, speedups, others, methods, include=(1.0,))
     _style.baseline_line(ax_speedup)
     ax_speedup.set_ylabel("backward speedup over BP (×, log scale)")
     ax_speedup.set_title(f"({letters[1]}) backward speedup")
@@ -104,9 +110,17 @@ def _row(axes, points, methods, resolved, sweep, letters):
     for ax in axes:
         ax.set_xticks(x, ticks)
         ax.set_xlabel(xlabel)
-    ax_time.legend(loc="best")
-    ax_speedup.legend(loc="best")
-    ax_breakdown.legend(loc="upper center", ncol=2, fontsize=7)
+    return [
+        f"{method_names.short(m)} at {sweep} = {tick}"
+        for row, tick in zip(points, ticks)
+        for m in methods
+        if not _resolved(row["methods"].get(m, {}))
+    ]
+
+
+def _resolved(m: dict) -> bool:
+    """Whether a backward time was resolved (older result files do not say: resolved)."""
+    return m.get("backward_s") is None or m.get("backward_resolved", True)
 
 
 def _breakdown(ax, x, points, methods):
@@ -119,14 +133,13 @@ def _breakdown(ax, x, points, methods):
         for row in points:
             base = row["methods"].get(method_names.BASELINE, row["methods"][method])["step_s"]
             m = row["methods"].get(method, {})
-            if not m or row["forward_s"] is None or m.get("backward_s") is None:
+            if not m or row["forward_s"] is None or m.get("backward_s") is None or not _resolved(m):
                 fwd.append(np.nan), bwd.append(np.nan), upd.append(np.nan)
                 continue
             fwd.append(row["forward_s"] / base)
             bwd.append(m["backward_s"] / base)
             upd.append(max(m["step_s"] - row["forward_s"] - m["backward_s"], 0.0) / base)
         c = _style.color(method, index)
-        name = method_names.short(method)
         tops.extend(np.add(np.add(fwd, bwd), upd))
         ax.bar(
             x + offset,
@@ -135,20 +148,40 @@ def _breakdown(ax, x, points, methods):
             color="white",
             edgecolor=c,
             hatch=_style.FORWARD_HATCH,
-            label=f"{name}: forward",
         )
-        ax.bar(x + offset, bwd, width, bottom=fwd, color=c, label=f"{name}: backward")
-        ax.bar(
-            x + offset,
-            upd,
-            width,
-            bottom=np.add(fwd, bwd),
-            color=c,
-            alpha=0.35,
-            label=f"{name}: update",
-        )
+        ax.bar(x + offset, bwd, width, bottom=fwd, color=c)
+        ax.bar(x + offset, upd, width, bottom=np.add(fwd, bwd), color=c, alpha=UPDATE_ALPHA)
     _style.baseline_line(ax)
-    ax.set_ylim(0, 1.6 * np.nanmax(tops))  # room for the legend above the bars
+    ax.set_ylim(0, 1.1 * np.nanmax(tops))
+
+
+def _keys(methods: list[str]) -> list[_style.Key]:
+    """The methods' colours and the BP baseline; the phases of the breakdown panels."""
+    colours = [
+        Patch(color=_style.color(m, i), label=method_names.short(m)) for i, m in enumerate(methods)
+    ]
+    line = Line2D([], [], color=_style.COLORS[method_names.BASELINE], linestyle="--")
+    line.set_label("BP baseline (speedup 1, BP's iteration)")
+    grey = "#666666"
+    phases = [
+        Patch(facecolor="white", edgecolor=grey, hatch=_style.FORWARD_HATCH, label="forward"),
+        Patch(color=grey, label="backward"),
+        Patch(color=grey, alpha=UPDATE_ALPHA, label="optimizer update"),
+    ]
+    return [
+        _style.Key([*colours, line], "methods"),
+        _style.Key(phases, "runtime breakdown: phases (in each method's colour)"),
+    ]
+
+
+def _unresolved_note(unresolved: list[str]) -> str:
+    if not unresolved:
+        return ""
+    return (
+        f"Not drawn in (a), (b) and the breakdown: {len(unresolved)} backward time"
+        f"{'s' if len(unresolved) > 1 else ''} within the timings' spread (value_and_grad's "
+        f"lower quartile not above the forward's upper quartile): {', '.join(unresolved)}. "
+    )
 
 
 def _count(n: int) -> str:
@@ -161,11 +194,12 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
     config = meta.get("config", {})
     resolved = config.get("resolved", {})
     sweeps = [s for s in ("T", "B") if any(r["point"]["sweep"] == s for r in points)]
-    fig, axes = plt.subplots(len(sweeps), 3, figsize=(15, 4.6 * len(sweeps)), squeeze=False)
+    fig, axes = plt.subplots(len(sweeps), 3, figsize=(15, 4.0 * len(sweeps)), squeeze=False)
+    unresolved: list[str] = []
     for row_axes, sweep in zip(axes, sweeps):
         letters = "abc" if sweep == "T" else "def"
         rows = [r for r in points if r["point"]["sweep"] == sweep]
-        _row(row_axes, rows, methods, resolved, sweep, letters)
+        unresolved += _row(row_axes, rows, methods, sweep, letters)
     counts = sorted({m["iterations"] for r in points for m in r["methods"].values()})
     span = (
         "?"
@@ -178,15 +212,17 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
         f"Fig. 8: RNN on synthetic bitstreams (H = {config.get('hidden', '?')}), BP vs BPPSA "
         f"| {_style.machine(meta)}"
     )
-    _style.caption(
+    names = [method_names.label(m, resolved.get(m)) for m in methods]
+    _style.finish(
         fig,
         f"Times of each phase are medians over {span} timed training iterations per point and "
         "method (methods run in lockstep, after compilation and a warm-up call); an iteration "
         "is the sum of its phases. Forward: the jitted loss alone; backward = value_and_grad - "
         "forward; update: Adam. Backward speedup = (t_BP - t_fwd) / (t_method - t_fwd), with "
-        f"t = value_and_grad. {_style.software(meta)}.",
+        f"t = value_and_grad. {_unresolved_note(unresolved)}{_style.methods_note(names)} "
+        f"{_style.software(meta)}.",
+        _keys(methods),
     )
-    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     return fig
 
 

@@ -5,7 +5,7 @@ Reads ``breakdown.jsonl`` written by ``python -m experiments.gru_irmas breakdown
 panel, normalized by BP's forward + backward: the BPPSA bar stacks the forward (FP), BPPSA's
 backward scan and parameter gradients, and the forward overhead of building the transposed
 Jacobians (FO); the BP bar stacks the forward and BP's backward. The numbers above the bars are
-milliseconds and BPPSA's backward speedup ``BP bwd / (BPPSA bwd + FO)``.
+milliseconds; each panel's title gives BPPSA's backward speedup ``BP bwd / (BPPSA bwd + FO)``.
 
 Run: ``python -m paper_figures.fig9 results/gru_irmas/breakdown-quick [--out DIR]``; writes
 ``fig9.png`` and ``fig9.pdf`` (default folder: ``<run>/figures``).
@@ -47,7 +47,8 @@ def synthetic(meta: dict) -> bool:
     return any(entry.get("synthetic") for entry in data.values())
 
 
-def _panel(ax: plt.Axes, row: dict) -> None:
+def _panel(ax: plt.Axes, row: dict) -> float:
+    """The two stacked bars of ``row``; returns the taller one's height."""
     total = row["bp_s"]
     fp = row["forward_s"] / total
     fo = max(row["jacobians_s"], 0.0) / total
@@ -59,14 +60,23 @@ def _panel(ax: plt.Axes, row: dict) -> None:
     ax.bar(0, fo, 0.6, bottom=fp + scan, color=FO_COLOR, label="FO (building Jacobians)")
     ax.bar(1, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white")
     ax.bar(1, bp, 0.6, bottom=fp, color=_style.color(method_names.BP), label="BP backward")
-    speedup = row["bp_backward_s"] / max(row["jacobians_s"] + row["bppsa_backward_s"], 1e-12)
-    for x, seconds in ((0, row["bppsa_s"]), (1, row["bp_s"])):
-        height = seconds / total
-        ax.text(x, height + 0.02, f"{1e3 * seconds:.1f} ms", ha="center", va="bottom", fontsize=7)
+    tops = (fp + scan + fo, fp + bp)
+    for x, top, seconds in zip((0, 1), tops, (row["bppsa_s"], row["bp_s"])):
+        ax.annotate(
+            f"{1e3 * seconds:.1f} ms",
+            (x, top),
+            xytext=(0, 2),
+            textcoords="offset points",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
     ax.set_xticks([0, 1], ["BPPSA", "BP"])
-    ax.text(
-        0.5, 0.97, f"bwd {speedup:.2f}x", transform=ax.transAxes, ha="center", va="top", fontsize=8
-    )
+    return max(tops)
+
+
+def _speedup(row: dict) -> float:
+    return row["bp_backward_s"] / max(row["jacobians_s"] + row["bppsa_backward_s"], 1e-12)
 
 
 def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
@@ -76,29 +86,27 @@ def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
     fig, axes = plt.subplots(
         len(variants),
         len(batches),
-        figsize=(2.6 * len(batches) + 1.2, 2.4 * len(variants) + 1.4),
+        figsize=(2.6 * len(batches) + 1.2, 2.4 * len(variants) + 0.6),
         sharey=True,
         squeeze=False,
     )
-    top = 0.0
+    top, handles = 1.0, []
     for i, v in enumerate(variants):
         for j, b in enumerate(batches):
             ax = axes[i][j]
             row = points.get((v, b))
             if row is None:
+                ax.set_title(f"batch size {b}")
                 ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
                 ax.set_xticks([])
                 continue
-            _panel(ax, row)
-            top = max(top, row["bppsa_s"] / row["bp_s"], 1.0)
-            if i == 0:
-                ax.set_title(f"batch size {b}")
+            top = max(top, _panel(ax, row))
+            handles = handles or ax.get_legend_handles_labels()[0]
+            ax.set_title(f"batch size {b}: bwd {_speedup(row):.2f}x")
             if j == 0:
                 shape = f"T={row.get('frames', '?')}, F={row.get('features', '?')}"
                 ax.set_ylabel(f"{v} ({shape})\nruntime / BP total")
-    axes[0][0].set_ylim(0, 1.25 * top)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, bbox_to_anchor=(0.5, 0.065))
+    axes[0][0].set_ylim(0, 1.25 * top)  # shared: room above every bar for its label
     note = " | SYNTHETIC FIXTURE, NOT IRMAS" if synthetic(meta) else ""
     config = meta.get("config", {})
     resolved = next((r.get("resolved") for r in points.values() if r.get("resolved")), None)
@@ -109,16 +117,17 @@ def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
         va="top",
     )
     method = method_names.label(method_names.BPPSA, resolved)
-    _style.caption(
+    _style.finish(
         fig,
         f"Medians of {config.get('repeats', '?')} interleaved rounds per panel; normalized by "
-        "BP's forward + backward. FP: jitted loss. FO: forward keeping every state plus every "
-        "step's transposed Jacobian (bppsa.jacobians.gru_jacobian_t, all steps at once) minus FP. "
-        "BPPSA backward: bppsa.value_and_grad total - FP - FO. BP backward: jax.grad through "
-        f"lax.scan total - FP. Optimizer update excluded. Method: {method}. "
-        f"{_style.software(meta)}.",
+        "BP's forward + backward; above each bar its total in ms. bwd: BPPSA's backward speedup, "
+        "BP backward / (BPPSA backward + FO). FP: jitted loss. FO: forward keeping every state "
+        "plus every step's transposed Jacobian (bppsa.jacobians.gru_jacobian_t, all steps at "
+        "once) minus FP. BPPSA backward: bppsa.value_and_grad total - FP - FO. BP backward: "
+        "jax.grad through lax.scan total - FP. Optimizer update excluded. "
+        f"{_style.methods_note([method])} {_style.software(meta)}.",
+        [_style.Key(handles)],
     )
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 

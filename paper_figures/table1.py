@@ -75,7 +75,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
 
 def draw(meta: dict, rows: list[dict]) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
     x = np.arange(len(rows))
     width = 0.38
     analytic = [1e3 * r["analytic_s"] for r in rows]
@@ -91,27 +91,27 @@ def draw(meta: dict, rows: list[dict]) -> plt.Figure:
         x + width / 2, dense, width, color=_style.color(method_names.BP), label="jax.jacrev (dense)"
     )
     for bar, row in zip(bars, rows):
-        ax.text(
-            bar.get_x(),
-            bar.get_height() * 1.3,
+        ax.annotate(
             f"{row['speedup']:,.0f}x",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            xytext=(0, 2),
+            textcoords="offset points",
             ha="center",
             va="bottom",
             fontsize=8,
         )
     _style.plain_log_axis(ax)
-    ax.set_ylim(min(analytic) / 3, max(dense) * 12)
+    ax.set_ylim(min(analytic) / 3, max(analytic + dense) * 12)  # room above for the speedups
     sizes = [f"{r['layer']}\n{' x '.join(map(str, r['input_shape'][1:]))}" for r in rows]
     ax.set_xticks(x, sizes, fontsize=8)
     ax.set_ylabel("time to generate J^T (ms, log scale)")
-    ax.legend(loc="upper left")
     fig.suptitle(f"Table 1: generating transposed Jacobians | {_style.machine(meta)}", fontsize=9)
-    _style.caption(
+    _style.finish(
         fig,
         "Medians after warm-up, B = 1; numbers: speedup of the analytic builder. "
         f"{_style.software(meta)}.",
+        [_style.Key(ax.get_legend_handles_labels()[0])],
     )
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     return fig
 
 

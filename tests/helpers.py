@@ -89,9 +89,9 @@ def assert_close_to_back_propagation(actual, expected, dtype, reference_fn, args
     ill-conditioned (seen: T = 5, a 3-leaf carry whose Jacobians nearly cancel; float32 BP off the
     float64 gradient by 2.6e-5, BPPSA by 3.6e-5), so both are measured against the float64
     gradient (``reference_fn`` at ``args``, x64 enabled here) and BPPSA must be within
-    ``max(RTOL, 2 x BP's error)`` of it: the README's accuracy claim, never a skipped draw; or
-    the leaf must be negligible in the whole gradient (its absolute error within RTOL of the
-    largest entry of any leaf).
+    ``max(RTOL, 2 x BP's error)`` of it: the accuracy claim of docs/accuracy.md, never a
+    skipped draw; or the leaf must be negligible in the whole gradient (its absolute error
+    within RTOL of the largest entry of any leaf).
     """
     dtype = jnp.dtype(dtype)
     errors = relative_errors(actual, expected)

@@ -1,5 +1,5 @@
-"""The README's float32 accuracy claim, on a small grid: BPPSA's float32 gradients are within 2x
-of back-propagation's float32 error, both against a float64 reference.
+"""The float32 accuracy claim (docs/accuracy.md), on a small grid: BPPSA's float32 gradients
+are within 2x of back-propagation's float32 error, both against a float64 reference.
 
 Setup of ``benchmarks/accuracy.py`` (the paper's classifiers, contractive weights), end to end:
 the reference is ``jax.grad`` through ``jax.lax.scan`` in float64 (x64 enabled in the test
@@ -25,8 +25,8 @@ GAIN = 0.9  # W_hh blocks = 0.9 x orthogonal: the float32 trajectories stay near
 CELLS = {"rnn": RNN(), "gru": GRU()}
 LENGTHS = (100, 300)
 METHOD_LIST = [bppsa.Blelloch(), bppsa.Chunked(), "auto"]
-RATIO = 2.0  # the README's claim
-# float32 rounding over T <= 300 steps: measured ~1e-7 to 5e-7 (README table: <= 5.5e-7 up to
+RATIO = 2.0  # the claim of docs/accuracy.md
+# float32 rounding over T <= 300 steps: measured ~1e-7 to 5e-7 (docs/accuracy.md: <= 5.5e-7 up to
 # T = 30k); 1e-5 still fails a wrong gradient by far.
 ABSOLUTE = 1e-5
 

@@ -1,6 +1,7 @@
 """The documentation builds without warnings (``make docs`` runs the same Sphinx build into
-docs/_build/html), and its API reference holds every class and function of the public modules'
-``__all__``: a name added there is documented without editing docs/."""
+docs/_build/html): the front page (the README's front part), every page of docs/*.md, and an API
+reference that holds every class and function of the public modules' ``__all__``: a name added
+there is documented without editing docs/."""
 
 import importlib
 import inspect
@@ -43,9 +44,44 @@ def anchors(html, module):
     return set(re.findall(r'id="([^"]+)"', (html / "api" / f"{module}.html").read_text()))
 
 
-def test_docs_build_without_warnings_with_the_usage_and_api_pages(html):
+# The pages of docs/*.md and their titles.
+GUIDES = {
+    "guide": "User guide",
+    "feedforward": "Feed-forward networks",
+    "parallel_forward": "Parallel in time both ways",
+    "multidevice": "Across devices and hosts",
+    "performance": "Performance",
+    "accuracy": "Accuracy",
+    "experiments": "Experiments",
+    "design": "Design",
+}
+
+
+def test_the_front_page_is_the_readme_front_part_with_links_to_every_page(html):
+    index = (html / "index.html").read_text()
+    for heading in ("Quickstart", "Your own cell (equinox, flax)", "The public API"):
+        assert heading in index, heading  # the README's front part, included
+    text = re.sub(r"<[^>]+>", "", index)  # the highlighted code's words, without its spans
+    assert "make demo" in text and "make test" in text
+    # The README's link to docs/guide.md is a link between the pages here.
+    assert 'href="guide.html"' in index
+    for page in GUIDES:
+        assert f'href="{page}.html"' in index, page  # in a table of contents
+
+
+def test_every_markdown_page_is_built_with_its_title():
+    pages = {path.stem for path in (ROOT / "docs").glob("*.md")} - {"index"}
+    assert pages == set(GUIDES), "a page of docs/ without an entry in GUIDES, or the reverse"
+
+
+@pytest.mark.parametrize("page", GUIDES)
+def test_the_page_is_built(html, page):
+    text = (html / f"{page}.html").read_text()
+    assert re.search(rf"<h1>{re.escape(GUIDES[page])}", text), page
+
+
+def test_docs_build_without_warnings_with_the_api_pages(html):
     assert "bppsa.scan" in (html / "index.html").read_text()
-    assert "What it does" in (html / "usage.html").read_text()  # the README, included
     assert {"module-bppsa", "bppsa.Blelloch", "bppsa.grad"} <= anchors(html, "bppsa")
     assert {"module-bppsa.scan", "bppsa.scan.Dense"} <= anchors(html, "bppsa.scan")
     # bppsa.scan is also the function: documented with the signature and docstring of the call.

@@ -1,7 +1,9 @@
 """Two processes on this machine form one ``jax.distributed`` cluster (CPU collectives over
 gloo, 2 CPU devices each) and run ``experiments/sharded_multihost.py``: the sharded gradient
 over their 4 devices equals ``jax.grad`` through ``lax.scan`` in this one process. Every wait is
-bounded, so a hung peer fails the test instead of hanging the suite."""
+bounded, so a hung peer fails the test instead of hanging the suite; the bounds are generous
+(a peer's start, import and compilation on a machine whose cores are busy with other work take
+tens of seconds), since a bound that load can reach fails the suite by chance."""
 
 import functools
 import os
@@ -31,7 +33,7 @@ def test_two_processes_give_the_one_process_gradient(tmp_path):
     port = free_port()
     env = dict(os.environ, JAX_NUM_CPU_DEVICES="2", PYTHONPATH=ROOT)
     command = [sys.executable, "-m", "experiments.sharded_multihost"]
-    command += ["--coordinator", f"127.0.0.1:{port}", "--processes", "2", "--timeout", "30"]
+    command += ["--coordinator", f"127.0.0.1:{port}", "--processes", "2", "--timeout", "240"]
     command += ["--length", str(T), "--batch", str(B), "--hidden", str(H), "--out", str(out)]
     procs = [
         subprocess.Popen(
@@ -47,7 +49,7 @@ def test_two_processes_give_the_one_process_gradient(tmp_path):
     logs = []
     try:
         for proc in procs:
-            logs.append(proc.communicate(timeout=180)[0])
+            logs.append(proc.communicate(timeout=900)[0])
     finally:
         for proc in procs:
             proc.kill()

@@ -1,9 +1,9 @@
 """``bppsa.Sharded``: its arguments on one device, and its gradients on 8 emulated CPU devices
-(tests/multidevice/, run in a subprocess so that the rest of the suite keeps one device)."""
+(tests/multidevice/, run in a subprocess so that the rest of the suite keeps one device).
 
-import os
-import subprocess
-import sys
+The emulated cases run in one subprocess (tests/multidevice/runner.py) and are reported here
+per test function of tests/multidevice/test_sharded.py: ``test_on_emulated_devices[<function>]``
+fails with the names and messages of that function's failing cases."""
 
 import jax
 import jax.numpy as jnp
@@ -14,34 +14,56 @@ from jax.sharding import Mesh
 import bppsa
 from tests.conftest import MULTIDEVICE
 from tests.helpers import assert_trees_close
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def run_emulated(marks: str):
-    """tests/multidevice/ in a subprocess with 8 emulated devices, its cases selected by
-    ``marks`` (a ``-m`` expression)."""
-    env = dict(os.environ, JAX_NUM_CPU_DEVICES=str(MULTIDEVICE), PYTHONPATH=ROOT)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marks]
-    out = subprocess.run(
-        [*command, "tests/multidevice"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-2000:]
+from tests.multidevice import runner
 
 
-def test_on_emulated_devices():
-    run_emulated("not slow")
+@pytest.fixture(scope="module")
+def emulated(request):
+    """``outcomes(marks) -> ({group: [Case]}, log)``: the cases of tests/multidevice/ that
+    ``marks`` selects, run in ONE subprocess for all the groups this session selected of the
+    test that asks (the default or the exhaustive one)."""
+    results = {}
+    tests = {"not slow": "test_on_emulated_devices", "slow": "test_on_emulated_devices_exhaustive"}
+
+    def outcomes(marks):
+        if marks not in results:
+            selected = [
+                item.callspec.params["group"]
+                for item in request.session.items
+                if getattr(item, "originalname", None) == tests[marks]
+                and item.module is request.module
+            ]
+            results[marks] = runner.run(selected, marks, MULTIDEVICE)
+        return results[marks]
+
+    return outcomes
+
+
+def check_group(emulated, group, marks):
+    """Every case of ``group`` ran and passed; a failure names the failing cases first, then
+    gives their messages and the command that reruns the group."""
+    cases, log = emulated(marks)
+    mine = cases.get(group, [])
+    rerun = runner.rerun([group], marks, MULTIDEVICE)
+    if not mine:
+        pytest.fail(f"no case of {group} ran (rerun: {rerun}):\n{log}", pytrace=False)
+    bad = [case for case in mine if case.outcome != "passed"]
+    if bad:
+        names = ", ".join(f"{c.name} ({c.outcome})" for c in bad)
+        details = "\n\n".join(f"--- {c.name}:\n{c.message[-3000:]}" for c in bad)
+        message = f"{len(bad)} of {len(mine)} cases: {names}\nrerun: {rerun}\n\n{details}"
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.mark.parametrize("group", runner.groups())
+def test_on_emulated_devices(emulated, group):
+    check_group(emulated, group, "not slow")
 
 
 @pytest.mark.slow
-def test_on_emulated_devices_exhaustive():
-    run_emulated("slow")
+@pytest.mark.parametrize("group", runner.groups(slow=True))
+def test_on_emulated_devices_exhaustive(emulated, group):
+    check_group(emulated, group, "slow")
 
 
 def one_device_mesh(names=("t",)):

@@ -2,7 +2,7 @@
 resumes without duplicated or lost rows and continues exactly.
 
 Tolerance of the curve test. BPPSA's float32 gradients differ from BP's by rounding only
-(normwise ~3e-7, README "Accuracy"), so the two runs see the same losses up to about one ulp
+(normwise ~3e-7, docs/accuracy.md), so the two runs see the same losses up to about one ulp
 (measured: max relative loss difference 1.1e-7 over 50 iterations at lr 1e-3 and at the
 paper's 1e-5; final parameters within 2e-7, normwise, after moving by ~0.04). We assert 1e-5:
 a 50x margin, while an ordering bug (gradient errors of ~1e-2) shifts Adam's updates by ~1e-2

@@ -76,7 +76,8 @@ def test_fig10_draws_products_levels_and_totals(tmp_path):
     _png(paths, "fig10")
 
 
-def test_table1_writes_markdown_and_a_figure(tmp_path):
+def jacobian_rows():
+    """A ``jacobians.jsonl`` of three layers (the dense conv and ReLU computed in blocks)."""
     rows = [{"kind": "sweep", "config": {"input_size": 32}} | META]
     for name, title, blocks in (
         ("conv", "Conv2d", 16),
@@ -101,7 +102,11 @@ def test_table1_writes_markdown_and_a_figure(tmp_path):
                 check=dict(same=name != "maxpool", max_abs_diff=0.5),
             )
         )
-    JsonLines(tmp_path / "jacobians.jsonl").extend(rows)
+    return rows
+
+
+def test_table1_writes_markdown_and_a_figure(tmp_path):
+    JsonLines(tmp_path / "jacobians.jsonl").extend(jacobian_rows())
     paths = table1.main([str(tmp_path), "--out", str(tmp_path / "out")])
     text = paths[0].read_text()
     assert sum(line.startswith("| ") for line in text.splitlines()) == 4  # header, 3 layers

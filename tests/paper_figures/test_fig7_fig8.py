@@ -105,3 +105,19 @@ def test_missing_results_are_named(tmp_path, capsys):
             module.main([str(tmp_path / "nowhere")])
         assert exit_info.value.code == 2
         assert "nowhere" in capsys.readouterr().err
+
+
+def test_fig8_leaves_out_unresolved_backward_times_and_says_so():
+    points = [_point("T", t, 16, 1e-5 * t, 0.6e-5 * t) for t in (100, 1000, 10_000)]
+    unresolved = points[0]["methods"]["bppsa"]
+    unresolved.update(backward_s=-2.8e-4, backward_resolved=False, backward_speedup=None)
+    figure = fig8.draw({"config": {"hidden": 20, "resolved": {}}} | META, points)
+    texts = " ".join(" ".join(t.get_text().split()) for t in figure.texts)  # wrapped caption
+    assert "Not drawn in (a), (b) and the breakdown: 1 backward time" in texts
+    assert "BPPSA at T = 100." in texts
+    time_axes = figure.axes[0]
+    heights = [bar.get_height() for bar in time_axes.patches]
+    assert sum(h != h for h in heights) == 1  # the one left-out bar is NaN, no bar below 0
+    assert all(h != h or h > 0 for h in heights)
+    clean = fig8.draw({"config": {"hidden": 20, "resolved": {}}} | META, points[1:])
+    assert "Not drawn" not in " ".join(t.get_text() for t in clean.texts)
