@@ -18,9 +18,14 @@ import pytest
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import Bbox
 
-from paper_figures import accuracy, fig7, fig8, fig9, fig10, fig13, table1
+from paper_figures import accuracy, char_lm, fig7, fig8, fig9, fig10, fig13, table1
 from results_io import JsonLines
-from tests.paper_figures import test_accuracy_figure, test_fig10_table1, test_irmas_figures
+from tests.paper_figures import (
+    test_accuracy_figure,
+    test_char_lm,
+    test_fig10_table1,
+    test_irmas_figures,
+)
 from tests.paper_figures.test_fig7_fig8 import META, _point, _run_rows, _write
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -228,6 +233,9 @@ FIGURES = {
     "fig13": _fig13,
     "table1": _table1,
     "accuracy": _accuracy,
+    "char_lm": lambda folder: char_lm.draw(
+        char_lm.load_runs(test_char_lm.write_run(folder, ("bp", "bppsa", "bppsa-newton")))
+    ),
     "fig10 of the committed analysis": lambda _: fig10.draw(
         fig10.load(RESULTS / "pruned_vgg11" / "analyze_cpu.json"), "all"
     ),
