@@ -1,0 +1,33 @@
+"""The memory guard's comparison at its boundary: a backward that needs exactly the limit fits,
+one byte less does not (for an explicit method: the error; for ``Auto()``: a fallback), and
+the alternatives it lists all fit."""
+
+import pytest
+
+import bppsa
+from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.methods import policy
+
+FP = Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
+METHODS = [bppsa.Blelloch(), bppsa.Chunked(), bppsa.Blocked(bppsa.SequentialScan(), 256)]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=str)
+def test_an_explicit_method_fits_a_limit_of_exactly_its_estimate(method):
+    need = method.memory(FP)
+    assert policy.fit(method, FP, need) == method
+    with pytest.raises(bppsa.MemoryLimitError) as error:
+        policy.fit(method, FP, need - 1)
+    assert (error.value.estimate, error.value.limit) == (need, need - 1)
+    # Every alternative it offers needs less than the method and fits the limit.
+    for alternative, bytes_ in error.value.alternatives:
+        assert bytes_ == alternative.memory(FP) and bytes_ <= need - 1
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_auto_keeps_its_choice_at_a_limit_of_exactly_its_estimate(backend):
+    chosen = bppsa.Auto().fit(FP, float("inf"), backend=backend)
+    need = chosen.memory(FP)
+    assert bppsa.Auto().fit(FP, need, backend=backend) == chosen
+    fallback = bppsa.Auto().fit(FP, need - 1, backend=backend)
+    assert fallback != chosen and fallback.memory(FP) <= need - 1
