@@ -11,7 +11,7 @@ import sys
 from tests.paper_figures.test_fig7_fig8 import _run_rows, _write
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIGURES = ("accuracy", "fig7", "fig8", "fig9", "fig10", "fig13", "table1")
+FIGURES = ("accuracy", "fig7", "fig8", "fig9", "fig10", "fig13", "table1", "width")
 FORBIDDEN = ("jax", "jaxlib", "bppsa", "experiments")
 SCRIPT = """
 import importlib, json, sys

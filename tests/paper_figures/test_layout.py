@@ -18,13 +18,14 @@ import pytest
 from matplotlib.patches import Rectangle
 from matplotlib.transforms import Bbox
 
-from paper_figures import accuracy, char_lm, fig7, fig8, fig9, fig10, fig13, table1
+from paper_figures import accuracy, char_lm, fig7, fig8, fig9, fig10, fig13, table1, width
 from results_io import JsonLines
 from tests.paper_figures import (
     test_accuracy_figure,
     test_char_lm,
     test_fig10_table1,
     test_irmas_figures,
+    test_width,
 )
 from tests.paper_figures.test_fig7_fig8 import META, _point, _run_rows, _write
 
@@ -236,6 +237,7 @@ FIGURES = {
     "char_lm": lambda folder: char_lm.draw(
         char_lm.load_runs(test_char_lm.write_run(folder, ("bp", "bppsa", "bppsa-newton")))
     ),
+    "width": lambda folder: width.draw(width.load(test_width.write_runs(folder))),
     "fig10 of the committed analysis": lambda _: fig10.draw(
         fig10.load(RESULTS / "pruned_vgg11" / "analyze_cpu.json"), "all"
     ),
