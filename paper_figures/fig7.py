@@ -82,18 +82,32 @@ def draw(runs: dict[str, list[dict]], smooth: int | None = None) -> plt.Figure:
     ax_iter.set_title("(b) loss vs iteration (the curves coincide)")
     fig.suptitle(
         f"Fig. 7: RNN on synthetic bitstreams, T = {config['length']}, B = {config['batch']}, "
-        f"H = {config['hidden']}, Adam lr = {config['lr']:g}\n{_style.machine(meta)}"
+        f"H = {config['hidden']}, {_optimizer(config)}\n{_style.machine(meta)}"
     )
     _style.finish(
         fig,
         "Thin: per-iteration mini-batch loss; thick: its trailing moving average. Wall-clock "
         "time: cumulative time of the jitted training steps (value_and_grad + Adam update), "
         "without data generation, evaluation and logging. Same seed, data order and "
-        f"initialization for every method. {_style.methods_note(names)} "
+        f"initialization for every method.{_recipe(config)} {_style.methods_note(names)} "
         f"{_style.software(meta)}.",
         [_style.Key(handles)],
     )
     return fig
+
+
+def _optimizer(config: dict) -> str:
+    """The title's optimizer: the paper's single learning rate, or the demo's recipe (whose
+    learning rates differ per parameter group) named and spelled out in the caption."""
+    return "demo recipe (caption)" if config.get("recipe") else f"Adam lr = {config['lr']:g}"
+
+
+def _recipe(config: dict) -> str:
+    recipe = config.get("recipe")
+    if not recipe:
+        return ""
+    parts = [f"{key}: {value}" for key, value in recipe.items()]
+    return " Recipe: " + "; ".join(parts) + "."
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:

@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import matplotlib.image
+import matplotlib.pyplot as plt
 import pytest
 
 from paper_figures import fig7, fig8
@@ -121,3 +122,27 @@ def test_fig8_leaves_out_unresolved_backward_times_and_says_so():
     assert all(h != h or h > 0 for h in heights)
     clean = fig8.draw({"config": {"hidden": 20, "resolved": {}}} | META, points[1:])
     assert "Not drawn" not in " ".join(t.get_text() for t in clean.texts)
+
+
+def test_fig7_names_the_demo_recipe_instead_of_one_learning_rate(tmp_path):
+    """The demo's learning rates differ per parameter group: the title says so and the caption
+    spells the recipe out; the paper's single rate stays in the title otherwise."""
+    recipe = {"optimizer": "Adam from lr 0.01 (head) and 0.0001 (cell)", "inputs": "2 * bits - 1"}
+    runs = {}
+    for method, scale in (("bp", 0.010), ("bppsa", 0.004)):
+        rows = _run_rows(method, scale)
+        rows[0]["config"] = rows[0]["config"] | {"recipe": recipe}
+        runs[method] = rows
+    fig = fig7.draw(runs)
+    try:
+        title = fig._suptitle.get_text()
+        assert "demo recipe (caption)" in title and "Adam lr" not in title
+        caption = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+        assert "optimizer: Adam from lr 0.01 (head) and 0.0001 (cell)" in caption
+    finally:
+        plt.close(fig)
+    fig = fig7.draw({m: _run_rows(m, s) for m, s in (("bp", 0.010), ("bppsa", 0.004))})
+    try:
+        assert f"Adam lr = {META['config']['lr']:g}" in fig._suptitle.get_text()
+    finally:
+        plt.close(fig)
