@@ -63,7 +63,7 @@ class Profile:
         structured_block_work: for maps whose products keep a structure (diagonal,
             block-diagonal), ``Auto()`` runs ``Blelloch()`` in time blocks of about this many
             Jacobian floats over the batch (cache-sized: one unblocked scan over all steps
-            thrashes the cache).
+            thrashes the cache), a power of two within ``structured_block_steps``.
     """
 
     name: str
@@ -102,8 +102,10 @@ class Profile:
     densify_pair_ratio: float = 0.005
     # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
     newton_iterations: int = 15
-    # benchmarks/width.py (the diagonal GRU, H = 64 and 1024), benchmarks/results/width/
-    structured_block_work: int = 2**18
+    # benchmarks/width.py, the diagonal GRU at T = 4096, B = 4 (benchmarks/results/width/
+    # cpu_blocks*.json): fastest at 32 steps for H = 256 and 16 steps for H = 1024
+    structured_block_work: int = 2**16
+    structured_block_steps: tuple[int, int] = (4, 8192)
 
     def __post_init__(self):
         for field in ("flops", "bandwidth", "step_latency"):

@@ -115,11 +115,12 @@ class Auto(Method):
             candidates = ACCELERATOR_CHOICES[1:]
             return _fastest(candidates, length, size, profile, batch, element, width)
         work = max(batch * _element(size, element), 1)
-        low, high = profile.block_steps
         if width is not None and width < size:
             # Products keep the structure: the parallel scan is cheap, its arrays are not.
+            low, high = profile.structured_block_steps
             block = _power_of_two(profile.structured_block_work // work, low, high)
             return Blocked(Blelloch(), block)
+        low, high = profile.block_steps
         return Blocked(SequentialScan(), _power_of_two(profile.block_work // work, low, high))
 
     def predictions(
