@@ -42,6 +42,8 @@ from bppsa.models import (
     diagonal_gru_cell,
     indrnn_cell,
 )
+from experiments import _methods
+from results_io import methods as method_names
 
 
 def indrnn_user(params, h, x):
@@ -70,11 +72,12 @@ METHODS = {
 
 
 def method_of(name: str) -> bppsa.Method:
-    """A method by name: those of ``METHODS``, or ``blocked:<name>:<K>`` (``Blocked`` of it)."""
-    if name.startswith("blocked:"):
-        _, inner, block = name.split(":")
-        return bppsa.Blocked(METHODS[inner], int(block))
-    return METHODS[name]
+    """A method by name: those of ``METHODS``, or any of the project's method names
+    (:data:`results_io.methods.FORMS`, e.g. ``blelloch-b16``: ``Blelloch()`` in time blocks of
+    16 steps)."""
+    if name in METHODS:
+        return METHODS[name]
+    return _methods.parse_method(name, method_names.FORMS)
 
 
 def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):
@@ -175,7 +178,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--inputs", type=int, default=64)
     parser.add_argument(
-        "--methods", nargs="+", default=["auto", "blelloch"], help="names or blocked:<name>:<K>"
+        "--methods",
+        nargs="+",
+        default=["auto", "blelloch"],
+        help="e.g. auto blelloch blelloch-b16",
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lengths", type=int, nargs="+", help="several T (overrides --length)")

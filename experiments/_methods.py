@@ -60,6 +60,8 @@ def build(name: method_names.Name) -> bppsa.Method:
         return bppsa.scan.resolve(method_names.LIBRARY[name.form])
     if name.form == method_names.BLELLOCH_LEVELS:
         return bppsa.Blelloch(levels=name.levels)
+    if name.form == method_names.BLELLOCH_BLOCKED:
+        return bppsa.Blocked(bppsa.Blelloch(), name.block)
     if name.form in (method_names.CHUNKED_CHUNKS, method_names.CHUNKED_BLOCKED):
         chunked = bppsa.Chunked(name.chunks)
         return chunked if name.block is None else bppsa.Blocked(chunked, name.block)

@@ -41,6 +41,7 @@ SEQUENTIAL_JACOBIANS = "sequential-jacobians"
 BASELINE = BP
 # The forms with numbers in them: K levels, C chunks, blocks of K steps.
 BLELLOCH_LEVELS = "blelloch-K"
+BLELLOCH_BLOCKED = "blelloch-bK"
 CHUNKED_CHUNKS = "chunked-C"
 CHUNKED_BLOCKED = "chunked-C-bK"
 FORMS = (
@@ -49,6 +50,7 @@ FORMS = (
     AUTO,
     BLELLOCH,
     BLELLOCH_LEVELS,
+    BLELLOCH_BLOCKED,
     CHUNKED,
     CHUNKED_CHUNKS,
     CHUNKED_BLOCKED,
@@ -70,11 +72,13 @@ LIBRARY = {
 
 _PATTERNS = {
     BLELLOCH_LEVELS: re.compile(r"blelloch-(?P<levels>[0-9]+)"),
+    BLELLOCH_BLOCKED: re.compile(r"blelloch-b(?P<block>[0-9]+)"),
     CHUNKED_CHUNKS: re.compile(r"chunked-(?P<chunks>[0-9]+)"),
     CHUNKED_BLOCKED: re.compile(r"chunked-(?P<chunks>[0-9]+)-b(?P<block>[0-9]+)"),
 }
 _MEANINGS = {
     BLELLOCH_LEVELS: "K parallel levels",
+    BLELLOCH_BLOCKED: "Blelloch in time blocks of K steps",
     CHUNKED_CHUNKS: "C chunks",
     CHUNKED_BLOCKED: "C chunks in time blocks of K steps",
 }

@@ -29,6 +29,7 @@ NOT_BY_NAME = {"sharded_cpu.json"}
         ("blelloch", bppsa.Blelloch()),
         ("blelloch-0", bppsa.Blelloch(levels=0)),
         ("blelloch-2", bppsa.Blelloch(levels=2)),
+        ("blelloch-b16", bppsa.Blocked(bppsa.Blelloch(), 16)),
         ("chunked", bppsa.Chunked()),
         ("chunked-3", bppsa.Chunked(3)),
         ("chunked-3-b512", bppsa.Blocked(bppsa.Chunked(3), 512)),
@@ -45,6 +46,7 @@ def test_plain_names_are_the_librarys():
     assert set(method_names.LIBRARY.values()) == set(bppsa.scan.METHODS)
     assert set(method_names.LIBRARY) | {
         method_names.BLELLOCH_LEVELS,
+        method_names.BLELLOCH_BLOCKED,
         method_names.CHUNKED_CHUNKS,
         method_names.CHUNKED_BLOCKED,
     } == set(method_names.FORMS)
