@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         "--methods",
         nargs="+",
         default=["auto", "blelloch"],
-        help="e.g. auto blelloch blelloch-b16",
+        help="e.g. auto blelloch blelloch-b16 sequential-jacobians-b128",
     )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--lengths", type=int, nargs="+", help="several T (overrides --length)")

@@ -65,6 +65,8 @@ def build(name: method_names.Name) -> bppsa.Method:
     if name.form in (method_names.CHUNKED_CHUNKS, method_names.CHUNKED_BLOCKED):
         chunked = bppsa.Chunked(name.chunks)
         return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
+    if name.form == method_names.SEQUENTIAL_JACOBIANS_BLOCKED:
+        return bppsa.Blocked(bppsa.SequentialScan(), name.block)
     raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")
 
 

@@ -18,6 +18,7 @@ name                        method (:mod:`experiments._methods` builds the objec
 ``sequential-jacobians``    ``bppsa.SequentialScan()``: a sequential scan over the
                             transposed Jacobians (over a pruned network's layers: the sparse
                             chain)
+``sequential-jacobians-bK`` ``bppsa.Blocked(bppsa.SequentialScan(), K)``
 ==========================  ===================================================================
 
 Each command takes some of these forms (a chain of layers has no chunked scan, a scan over time
@@ -44,6 +45,7 @@ BLELLOCH_LEVELS = "blelloch-K"
 BLELLOCH_BLOCKED = "blelloch-bK"
 CHUNKED_CHUNKS = "chunked-C"
 CHUNKED_BLOCKED = "chunked-C-bK"
+SEQUENTIAL_JACOBIANS_BLOCKED = "sequential-jacobians-bK"
 FORMS = (
     BP,
     BPPSA,
@@ -56,6 +58,7 @@ FORMS = (
     CHUNKED_BLOCKED,
     SEQUENTIAL,
     SEQUENTIAL_JACOBIANS,
+    SEQUENTIAL_JACOBIANS_BLOCKED,
 )
 ALIASES = {AUTO: BPPSA}
 # The plain names in the library's own words: what bppsa.scan.resolve(name) turns into a method
@@ -75,12 +78,14 @@ _PATTERNS = {
     BLELLOCH_BLOCKED: re.compile(r"blelloch-b(?P<block>[0-9]+)"),
     CHUNKED_CHUNKS: re.compile(r"chunked-(?P<chunks>[0-9]+)"),
     CHUNKED_BLOCKED: re.compile(r"chunked-(?P<chunks>[0-9]+)-b(?P<block>[0-9]+)"),
+    SEQUENTIAL_JACOBIANS_BLOCKED: re.compile(r"sequential-jacobians-b(?P<block>[0-9]+)"),
 }
 _MEANINGS = {
     BLELLOCH_LEVELS: "K parallel levels",
     BLELLOCH_BLOCKED: "Blelloch in time blocks of K steps",
     CHUNKED_CHUNKS: "C chunks",
     CHUNKED_BLOCKED: "C chunks in time blocks of K steps",
+    SEQUENTIAL_JACOBIANS_BLOCKED: "the sequential Jacobian scan in time blocks of K steps",
 }
 
 # Legend labels, names in crowded legends, and column heads of tables; other names show as is.

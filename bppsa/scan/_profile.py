@@ -61,9 +61,12 @@ class Profile:
         newton_iterations: the Newton iterations ``AutoForward()`` expects when it predicts
             the parallel forward's time.
         structured_block_work: for maps whose products keep a structure (diagonal,
-            block-diagonal), ``Auto()`` runs ``Blelloch()`` in time blocks of about this many
-            Jacobian floats over the batch (cache-sized: one unblocked scan over all steps
-            thrashes the cache), a power of two within ``structured_block_steps``.
+            block-diagonal), ``Auto()`` runs ``SequentialScan()`` in time blocks of about this
+            many Jacobian floats over the batch (cache-sized: one unblocked scan over all steps
+            thrashes the cache), a power of two within ``structured_block_steps``. Such a step
+            of the scan is one elementwise product, so on CPUs the sequential order inside a
+            block beats ``Blelloch()``'s levels; what pays is evaluating every step's Jacobian
+            and VJP at once.
     """
 
     name: str
@@ -103,9 +106,10 @@ class Profile:
     # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
     newton_iterations: int = 15
     # benchmarks/width.py, the diagonal GRU at T = 4096, B = 4 (benchmarks/results/width/
-    # cpu_blocks*.json): fastest at 32 steps for H = 256 and 16 steps for H = 1024
-    structured_block_work: int = 2**16
-    structured_block_steps: tuple[int, int] = (4, 8192)
+    # cpu_sequential_blocks.json): SequentialScan() fastest at 64-512 steps for H = 256,
+    # 64-128 for H = 1024, 32 for H = 4096
+    structured_block_work: int = 2**19
+    structured_block_steps: tuple[int, int] = (16, 8192)
 
     def __post_init__(self):
         for field in ("flops", "bandwidth", "step_latency"):

@@ -76,11 +76,11 @@ def test_on_accelerators_the_parallel_backward_is_predicted_to_pay_for_structure
     assert auto.choose(1000, 4096, "gpu", batch=16) == bppsa.Sequential()
 
 
-def test_on_cpus_auto_runs_blelloch_in_cache_sized_blocks_for_structured_maps():
+def test_on_cpus_auto_scans_structured_maps_in_cache_sized_blocks():
     profile = bppsa.get_profile("cpu")
     auto = bppsa.Auto(profile=profile)
     chosen = auto.choose(4096, 1024, "cpu", batch=4, element=1024, width=1)
-    assert isinstance(chosen, bppsa.Blocked) and chosen.method == bppsa.Blelloch()
+    assert isinstance(chosen, bppsa.Blocked) and chosen.method == bppsa.SequentialScan()
     assert chosen.block * 4 * 1024 <= profile.structured_block_work < 2 * chosen.block * 4 * 1024
     # One example outside jax.vmap keeps back-propagation (its steps are cheap there).
     single = auto.choose(4096, 1024, "cpu", element=1024, width=1, single=True)
@@ -104,4 +104,4 @@ def test_a_scan_of_a_diagonal_cell_runs_what_auto_chose_for_its_structure():
     (plan,) = plans
     assert plan.jacobians == "autodiff, diagonal" and plan.dense_because is None
     expected = bppsa.Auto().choose(300, 64, batch=4, element=64, width=1)
-    assert plan.backward == expected and isinstance(expected.method, bppsa.Blelloch)
+    assert plan.backward == expected and isinstance(expected.method, bppsa.SequentialScan)

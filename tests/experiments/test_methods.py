@@ -34,6 +34,7 @@ NOT_BY_NAME = {"sharded_cpu.json"}
         ("chunked-3", bppsa.Chunked(3)),
         ("chunked-3-b512", bppsa.Blocked(bppsa.Chunked(3), 512)),
         ("sequential-jacobians", bppsa.SequentialScan()),
+        ("sequential-jacobians-b128", bppsa.Blocked(bppsa.SequentialScan(), 128)),
     ],
 )
 def test_every_form_builds_its_method(name, method):
@@ -49,6 +50,7 @@ def test_plain_names_are_the_librarys():
         method_names.BLELLOCH_BLOCKED,
         method_names.CHUNKED_CHUNKS,
         method_names.CHUNKED_BLOCKED,
+        method_names.SEQUENTIAL_JACOBIANS_BLOCKED,
     } == set(method_names.FORMS)
 
 

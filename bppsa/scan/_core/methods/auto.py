@@ -116,10 +116,10 @@ class Auto(Method):
             return _fastest(candidates, length, size, profile, batch, element, width)
         work = max(batch * _element(size, element), 1)
         if width is not None and width < size:
-            # Products keep the structure: the parallel scan is cheap, its arrays are not.
+            # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
             low, high = profile.structured_block_steps
             block = _power_of_two(profile.structured_block_work // work, low, high)
-            return Blocked(Blelloch(), block)
+            return Blocked(SequentialScan(), block)
         low, high = profile.block_steps
         return Blocked(SequentialScan(), _power_of_two(profile.block_work // work, low, high))
 
