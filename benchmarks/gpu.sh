@@ -6,7 +6,8 @@
 # expensive last. Methods: BP (always, the baseline), Auto(), Blelloch(), Chunked(); one that
 # does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
 # CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
-# Writes speed_gpu.json (rewritten as rows finish; "complete": true at the end),
+# Writes width_gpu.json, char_lm_gpu/ (the language model's training step: BP, Auto and the
+# Newton forward), speed_gpu.json (rewritten as rows finish; "complete": true at the end),
 # sharded_gpu.json (bppsa.Sharded on the device, if time is left), total_gpu.json (one
 # sequence's total gradient time, if time is left), newton_gpu.jsonl (the Newton
 # forward, if time is left), vgg11_gpu/benchmark.json (the pruned VGG-11's backward over its
@@ -61,6 +62,23 @@ timeout --kill-after=10 "$width_s" python3 -m benchmarks.width "${width_args[@]}
     --out "$out_dir/width_gpu.json" 2>&1 | tee -a "$log" || width_status=$?
 if ((width_status == 2)); then # no GPU backend: the speed benchmark below says so and stops
     echo "gpu.sh: benchmarks.width measured nothing (not a GPU backend)" | tee -a "$log"
+fi
+# The language model's whole training step (experiments/char_lm.py, the --gpu configuration's
+# cell, layers and T = 2048 at H = 1024, B = 8): BP, BPPSA (Auto) and BPPSA with the Newton
+# forward in lockstep for a few iterations, on the SYNTHETIC corpus in the Shakespeare layout
+# (no download on the GPU machine; a step's time does not depend on the text). Step times are
+# in char_lm_gpu/summary.json and <method>/metrics.jsonl; within lm_s, skipped without a GPU.
+lm_s=120
+fixture="$out_dir/char_lm_fixture"
+lm_args=(--gpu --width 1024 --layers 2 --batch 8 --iterations 8 --warmup 2 --eval-every 1000
+    --eval-batches 1 --sample-length 8 --final-sample-length 8)
+[[ " $* " == *" --dry-run "* ]] && lm_args=(--gpu --dry-run --iterations 2)
+if ((width_status != 2)); then
+    python3 -c "from experiments._char_lm_fixture import write_fixture as w; w('$fixture', speeches=400)"
+    timeout --kill-after=10 "$lm_s" python3 -m experiments.char_lm "${lm_args[@]}" \
+        --data "$fixture" --methods bp bppsa bppsa-newton --out "$out_dir" \
+        --name char_lm_gpu --overwrite --no-progress 2>&1 | tee -a "$log" ||
+        echo "gpu.sh: experiments.char_lm exit $? (the other results stand)" | tee -a "$log"
 fi
 resume=()
 status=0

@@ -26,6 +26,7 @@ finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``; on 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import pathlib
 import platform
@@ -40,6 +41,7 @@ import optax
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
+from experiments import _timing
 from results_io import JsonLines
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
@@ -201,14 +203,9 @@ def timing_row(length: int, rounds: int) -> dict:
         "grad_blelloch": grad_blelloch,
         "grad_newton_blelloch": grad_newton,
     }
-    times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         jax.block_until_ready(fn(xs))
-    for _ in range(rounds):
-        for key, fn in fns.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(xs))
-            times[key].append(time.perf_counter() - start)
+    times = _timing.interleaved({k: functools.partial(fn, xs) for k, fn in fns.items()}, rounds)
     row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
     for key, ts in times.items():
         row[f"{key}_min_s"], row[f"{key}_median_s"] = min(ts), statistics.median(ts)

@@ -21,17 +21,18 @@ finds. Run: ``.venv/bin/python -m benchmarks.newton_lm --run results/char_lm/qui
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import bppsa
+from experiments import _timing
 from experiments._char_lm_config import CELLS, Config
 from experiments._char_lm_runs import CONFIG, load_corpus
 from experiments._records import load_checkpoint
@@ -116,12 +117,10 @@ def measure(model, params, corpus, length, batch, dtype, rounds, seed) -> dict:
     )
     if rounds:
         jax.block_until_ready(forward["newton"](params, windows))  # compile: not timed
-        times = {name: [] for name in forward}
-        for _ in range(rounds):
-            for name, call in forward.items():
-                start = time.perf_counter()
-                jax.block_until_ready(call(params, windows))
-                times[name].append(time.perf_counter() - start)
+        times = _timing.interleaved(
+            {name: functools.partial(call, params, windows) for name, call in forward.items()},
+            rounds,
+        )
         for name, ts in times.items():
             row[f"{name}_min_s"], row[f"{name}_median_s"] = min(ts), statistics.median(ts)
         row["newton_speedup_median"] = row["sequential_median_s"] / row["newton_median_s"]

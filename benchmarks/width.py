@@ -8,7 +8,8 @@ units with weight zero (``indrnn-dense``: today's dense autodiff path, ``n`` VJP
 floats per step; same values). Each is scanned over ``T`` steps for ``B`` sequences (vmapped),
 a loss on every step's output (a language model's shape), ``--inputs`` input features.
 
-Per point, in one process, interleaved round by round after a warm-up call: the forward (the
+Per point, in one process, interleaved round by round (the order turned by one place every
+round: :func:`experiments._timing.interleaved`) after a warm-up call: the forward (the
 jitted loss), back-propagation's gradient (``jax.grad`` through ``lax.scan``) and
 ``bppsa.grad``'s with each method (``--methods``: ``auto``, ``blelloch``, ...). Backward =
 gradient - forward (marked unresolved inside the rounds' spread). Minimum and median are
@@ -22,6 +23,7 @@ Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 25
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -42,7 +44,7 @@ from bppsa.models import (
     diagonal_gru_cell,
     indrnn_cell,
 )
-from experiments import _methods
+from experiments import _methods, _timing
 from results_io import methods as method_names
 
 
@@ -128,12 +130,9 @@ def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False)
         if name in methods:
             ran = plans[0].backward or plans[0].method
             row["methods"][name] = dict(ran=repr(ran), jacobians=plans[0].jacobians)
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            jax.block_until_ready(call(params, xs))
-            times[name].append(time.perf_counter() - start)
+    times = _timing.interleaved(
+        {name: functools.partial(call, params, xs) for name, call in calls.items()}, repeats
+    )
     forward = times["forward"]
     row["forward_min_s"], row["forward_median_s"] = min(forward), statistics.median(forward)
     if newton:

@@ -35,3 +35,21 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup:
     for _ in range(warmup):
         timed(fn, *args)
     return statistics.median(timed(fn, *args)[1] for _ in range(repeats))
+
+
+def interleaved(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of every call in ``calls`` over ``rounds`` rounds, one call of each per round.
+
+    The order turns by one place every round: on a CPU the call right after a large one (a
+    back-propagation over a long sequence) can run measurably slower than it does elsewhere in
+    the round (about 10% for the width benchmark's diagonal GRU at H = 1024 right after BP),
+    so no call keeps that place, and a median over the rounds sees it at most
+    ``ceil(rounds / len(calls))`` times.
+    """
+    names = list(calls)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for k in range(rounds):
+        shift = k % max(len(names), 1)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timed(calls[name])[1])
+    return times

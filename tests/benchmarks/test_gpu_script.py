@@ -121,6 +121,31 @@ def test_dry_run_first_runs_the_width_rows(dry_run):
     assert "diagonal-gru  H=8" in (out / "speed_gpu.log").read_text()  # printed to the log
 
 
+def test_dry_run_runs_the_language_models_training_step(dry_run):
+    _, out = dry_run
+    summary = json.loads((out / "char_lm_gpu" / "summary.json").read_text())
+    assert summary["data"]["synthetic"] and summary["config"]["width"] == 16
+    assert set(summary["methods"]) == {"bp", "bppsa", "bppsa-newton"}
+    for method in summary["methods"].values():
+        assert method["timings"]["iterations"] == 2 and method["timings"]["step_s"] > 0
+    assert summary["methods"]["bppsa-newton"]["forward"] == "newton"
+    assert summary["max_relative_loss_difference"]["bppsa"] < 1e-4
+
+
+def test_the_real_language_model_row_is_the_gpu_configuration_at_width_1024():
+    # The real run's options, as the script spells them, through the experiment's own parser.
+    from experiments import char_lm
+
+    text = SCRIPT.read_text()
+    words = text.split("lm_args=(", 1)[1].split(")", 1)[0].split()
+    args = char_lm._parser().parse_args(words)
+    config = char_lm._config(char_lm._parser(), args)
+    assert args.gpu and not args.dry_run
+    assert (config.cell, config.width, config.layers) == ("diagonal-gru", 1024, 2)
+    assert (config.length, config.batch, config.iterations) == (2048, 8, 8)
+    assert "--methods bp bppsa bppsa-newton" in text
+
+
 def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     _, out = dry_run
     sharded = json.loads((out / "sharded_gpu.json").read_text())
@@ -164,6 +189,7 @@ def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
     assert "needs JAX's 'gpu' backend" in done.stdout + done.stderr
     assert not (out / "speed_gpu.json").exists()
     assert not (out / "width_gpu.json").exists()
+    assert not (out / "char_lm_gpu").exists()
     assert not (out / "sharded_gpu.json").exists()
     assert not (out / "vgg11_gpu").exists()
 
