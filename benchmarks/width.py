@@ -8,8 +8,8 @@ units with weight zero (``indrnn-dense``: today's dense autodiff path, ``n`` VJP
 floats per step; same values). Each is scanned over ``T`` steps for ``B`` sequences (vmapped),
 a loss on every step's output (a language model's shape), ``--inputs`` input features.
 
-Per point, in one process, interleaved round by round (the order turned by one place every
-round: :func:`experiments._timing.interleaved`) after a warm-up call: the forward (the
+Per point, in one process, interleaved round by round after a warm-up call, each timed call
+right after an untimed call of itself (:func:`experiments._timing.interleaved`): the forward (the
 jitted loss), back-propagation's gradient (``jax.grad`` through ``lax.scan``) and
 ``bppsa.grad``'s with each method (``--methods``: ``auto``, ``blelloch``, ...). Backward =
 gradient - forward (marked unresolved inside the rounds' spread). Minimum and median are

@@ -38,18 +38,18 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup:
 
 
 def interleaved(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Seconds of every call in ``calls`` over ``rounds`` rounds, one call of each per round.
+    """Seconds of every call in ``calls`` over ``rounds`` rounds, one timed call of each per
+    round, each right after an untimed call of itself.
 
-    The order turns by one place every round: on a CPU the call right after a large one (a
-    back-propagation over a long sequence) can run measurably slower than it does elsewhere in
-    the round (about 10% for the width benchmark's diagonal GRU at H = 1024 right after BP),
-    so no call keeps that place, and a median over the rounds sees it at most
-    ``ceil(rounds / len(calls))`` times.
+    The untimed call puts every timed one in a training loop's steady state, after itself: on a
+    CPU a call right after a different, large one (a back-propagation over a long sequence)
+    ran measurably slower than after itself (about 10% for the width benchmark's diagonal GRU
+    at H = 1024 right after BP), and with that penalty the order of the calls in a round, not
+    the methods, would set part of the ratios.
     """
-    names = list(calls)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for k in range(rounds):
-        shift = k % max(len(names), 1)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timed(calls[name])[1])
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            timed(call)
+            times[name].append(timed(call)[1])
     return times
