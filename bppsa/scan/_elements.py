@@ -279,9 +279,12 @@ class Structured(MapStack):
 
     def to_dense(self) -> Dense:
         n = self.u.shape[0]
-        # (u * d) has shape (m, *batch, n, p); summing the reps blocks of p applies R.
-        scaled = self.u * self.d[..., None, :]
-        a = scaled.reshape(*scaled.shape[:-1], self.reps, n).sum(axis=-2)
+        # sum_r u_r diag(d_r) over the reps blocks of p, added block by block: one elementwise
+        # fusion (a reduction over a (..., n, reps, n) product ran about 3 ms for the GRU at
+        # n = 2, T = 10k, B = 16 on the CPU: most of a Newton iteration).
+        a = self.u[:, :n] * self.d[..., None, :n]
+        for r in range(1, self.reps):
+            a = a + self.u[:, r * n : (r + 1) * n] * self.d[..., None, r * n : (r + 1) * n]
         if self.e is not None:
             a = a + self.e[..., :, None] * jnp.eye(n, dtype=a.dtype)
         return Dense(a)
