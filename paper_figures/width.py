@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 from paper_figures import _cli, _style
 
@@ -111,6 +112,7 @@ def draw(runs: Sequence[dict]) -> plt.Figure:
     ax_time.set_title("backward per step against width")
     ax_speed.set_xscale("log", base=2)
     _style.plain_log_axis(ax_speed)
+    ax_speed.yaxis.set_minor_locator(ticker.LogLocator(subs=(1.5, 2.0, 3.0, 5.0)))
     _style.baseline_line(ax_speed)
     ax_speed.set_xlabel("hidden size H")
     ax_speed.set_ylabel("backward speedup over BP (x)")
