@@ -44,33 +44,37 @@ def load(paths: Sequence[str | pathlib.Path]) -> list[dict[str, Any]]:
     return runs
 
 
+def _entries(runs: Sequence[dict]):
+    """Every ``(row, method, entry)`` of the runs' rows that did not fail."""
+    for run in runs:
+        for row in run["rows"]:
+            if row.get("status") != "error":
+                for method, entry in row.get("methods", {}).items():
+                    yield row, method, entry
+
+
 def _series(runs: Sequence[dict]) -> tuple[dict, list[str]]:
     """``{(cell, method): {hidden: [per-step backward us of each run]}}`` and the points left
     out (unresolved)."""
     series: dict = defaultdict(lambda: defaultdict(list))
     unresolved = []
-    for run in runs:
-        for row in run["rows"]:
-            if row.get("status") == "error":
-                continue
-            for method, entry in row["methods"].items():
-                if "per_step_backward_us" not in entry:
-                    continue
-                if not entry.get("backward_resolved", True):
-                    unresolved.append(f"{row['cell']} {method} H = {row['hidden']}")
-                    continue
-                series[row["cell"], method][row["hidden"]].append(entry["per_step_backward_us"])
+    for row, method, entry in _entries(runs):
+        if "per_step_backward_us" not in entry:
+            continue
+        if not entry.get("backward_resolved", True):
+            unresolved.append(f"{row['cell']} {method} H = {row['hidden']}")
+            continue
+        series[row["cell"], method][row["hidden"]].append(entry["per_step_backward_us"])
     return series, sorted(set(unresolved))
 
 
 def _speedups(runs: Sequence[dict]) -> dict:
+    """``{(cell, method): {hidden: [backward speedup over BP of each run]}}``."""
     out: dict = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        for row in run["rows"]:
-            for method, entry in row.get("methods", {}).items():
-                value = entry.get("backward_speedup_median")
-                if method != BP and value is not None:
-                    out[row["cell"], method][row["hidden"]].append(value)
+    for row, method, entry in _entries(runs):
+        value = entry.get("backward_speedup_median")
+        if method != BP and value is not None:
+            out[row["cell"], method][row["hidden"]].append(value)
     return out
 
 
