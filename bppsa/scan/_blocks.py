@@ -116,7 +116,7 @@ class BlockDiagonal(MapStack):
 
     def then(self, earlier: MapStack) -> MapStack:
         if isinstance(earlier, BlockDiagonal) and self.same_grouping(earlier):
-            return dataclasses.replace(self, blocks=matmul(earlier.blocks, self.blocks))
+            return dataclasses.replace(self, blocks=_product(earlier.blocks, self.blocks))
         if isinstance(earlier, Diagonal):  # diag(d) @ A: scales the rows of every block
             d = self.group(earlier.d)[..., :, :, None]
             ndim = max(d.ndim, self.blocks.ndim)
@@ -147,9 +147,25 @@ class BlockDiagonal(MapStack):
 
 def _act(blocks: Array, w: Array) -> Array:
     """``blocks @ w`` blockwise: ``(..., g, k, k) x (..., g, k) -> (..., g, k)``."""
-    if blocks.shape[-1] <= SMALL_BLOCK:
-        return (blocks * w[..., None, :]).sum(-1)
+    if blocks.shape[-1] <= SMALL_BLOCK:  # k products added in one elementwise fusion
+        out = blocks[..., 0] * w[..., None, 0]
+        for j in range(1, blocks.shape[-1]):
+            out = out + blocks[..., j] * w[..., None, j]
+        return out
     return (blocks @ w[..., None])[..., 0]
+
+
+def _product(earlier: Array, later: Array) -> Array:
+    """``earlier @ later`` blockwise; small blocks as ``k`` products added elementwise."""
+    k = later.shape[-1]
+    if k > SMALL_BLOCK:
+        return matmul(earlier, later)
+    ndim = max(earlier.ndim, later.ndim)
+    earlier, later = expand_values(earlier, ndim), expand_values(later, ndim)
+    out = earlier[..., :, 0, None] * later[..., None, 0, :]
+    for j in range(1, k):
+        out = out + earlier[..., :, j, None] * later[..., None, j, :]
+    return out
 
 
 def block_grouping(sizes: tuple[int, ...]) -> tuple[int, ...]:

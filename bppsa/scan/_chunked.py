@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
@@ -68,6 +69,27 @@ def chunked(g_last: Array, linear: MapStack, offsets: Array | None, chunks: int)
         fields, offset, valid = step
         return elements.with_per_step(**fields), offset, valid
 
+    if _products_keep_type(elements):  # diagonal, block-diagonal: so do the aggregates
+        first, starts = _structured_starts(g_last, elements, steps, unpack, chunks)
+    else:
+        first, starts = _dense_starts(g_last, elements, steps, unpack, chunks)
+
+    # 3. Every prefix of chunks 1..C-1, from their start vectors.
+    def propagate(v, step):
+        element, offset, valid = unpack(step)
+        new = element.take(1, chunks).apply(v)
+        v = jnp.where(_expand(valid[1:], v.ndim), new if offset is None else new + offset[1:], v)
+        return v, v
+
+    _, rest = lax.scan(propagate, starts, steps)  # (L, C - 1, *batch, n)
+    prefixes = jnp.concatenate([first[:, None], rest], axis=1)
+    prefixes = jnp.swapaxes(prefixes, 0, 1).reshape(padded, *g_last.shape)[:length]
+    return jnp.concatenate([g_last[None], prefixes])[::-1]
+
+
+def _dense_starts(g_last, elements, steps, unpack, chunks):
+    """Steps 1 and 2 with dense aggregates: every prefix of chunk 0 and the start vectors of
+    chunks 1..C-1."""
     # 1. Chunk 0 propagates the vector itself (every prefix of it comes out); the other chunks
     #    compose their aggregates Y = [M^T; o^T], starting from [I; 0].
     n = g_last.shape[-1]
@@ -89,19 +111,50 @@ def chunked(g_last: Array, linear: MapStack, offsets: Array | None, chunks: int)
 
     # 2. Start vectors of chunks 1..C-1: a Blelloch scan over their aggregates.
     matrices = Dense(jnp.swapaxes(aggregates[..., :-1, :], -1, -2))
-    starts = blelloch_scan_order(after_first, matrices, aggregates[..., -1, :])[:-1]
+    return first, blelloch_scan_order(after_first, matrices, aggregates[..., -1, :])[:-1]
 
-    # 3. Every prefix of chunks 1..C-1, from their start vectors.
-    def propagate(v, step):
+
+def _structured_starts(g_last, elements, steps, unpack, chunks):
+    """Steps 1 and 2 for maps whose products keep their structure (diagonal, block-diagonal):
+    each chunk's aggregate is the affine map ``g -> M g + o`` with ``M`` the product of its
+    maps, of their type (``n k`` floats, not ``n (n + 1)``), starting from its first map."""
+    head = unpack(jax.tree.map(lambda a: a[0], steps))
+    element, offset, _ = head  # the first step of every chunk is a real one (see chunked)
+    v = element.take(0, 1).apply(g_last[None])[0]
+    v = v if offset is None else v + offset[0]
+    m = element.take(1, chunks)
+    o = jnp.zeros((chunks - 1, *g_last.shape), g_last.dtype) if offset is None else offset[1:]
+
+    def compose(carry, step):
+        v, m, o = carry
         element, offset, valid = unpack(step)
-        new = element.take(1, chunks).apply(v)
-        v = jnp.where(_expand(valid[1:], v.ndim), new if offset is None else new + offset[1:], v)
-        return v, v
+        new_v = element.take(0, 1).apply(v[None])[0]
+        v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
+        nxt = element.take(1, chunks)  # applied after m: the next map in scan order
+        new_m, new_o = m.then(nxt), nxt.apply(o)
+        new_o = new_o if offset is None else new_o + offset[1:]
+        keep = valid[1:]
+        m = m.with_per_step(
+            **{
+                name: jnp.where(_expand(keep, value.ndim), new_m.per_step()[name], value)
+                for name, value in m.per_step().items()
+                if value is not None
+            }
+        )
+        o = jnp.where(_expand(keep, o.ndim), new_o, o)
+        return (v, m, o), v
 
-    _, rest = lax.scan(propagate, starts, steps)  # (L, C - 1, *batch, n)
-    prefixes = jnp.concatenate([first[:, None], rest], axis=1)
-    prefixes = jnp.swapaxes(prefixes, 0, 1).reshape(padded, *g_last.shape)[:length]
-    return jnp.concatenate([g_last[None], prefixes])[::-1]
+    rest = jax.tree.map(lambda a: a[1:], steps)
+    (after_first, m, o), first = lax.scan(compose, (v, m, o), rest)
+    first = jnp.concatenate([v[None], first])
+    return first, blelloch_scan_order(after_first, m, o)[:-1]
+
+
+def _products_keep_type(elements: MapStack) -> bool:
+    """Whether a product of two of these maps is a map of their own type (no dense rows)."""
+    if elements.width >= elements.size:
+        return False
+    return type(jax.eval_shape(lambda e: e.then(e), elements)) is type(elements)
 
 
 def _expand(mask: Array, ndim: int) -> Array:

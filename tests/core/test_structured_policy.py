@@ -1,6 +1,8 @@
 """The memory guard, the cost model and Auto() with Jacobians that keep a structure: they count
 ``n k`` floats per step, products of ``n k^2`` flops, and choose accordingly."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -60,9 +62,16 @@ def test_the_cost_model_counts_products_of_width_k():
     assert scan["dense"] == pytest.approx(2 * 1000 * 16 * 256**2 * 256 + 4 * 1000 * 16 * 256**2)
     assert scan["diagonal"] == pytest.approx(2 * 1000 * 16 * 256 * 1 + 4 * 1000 * 16 * 256)
     assert scan["blocks"] == pytest.approx(2 * 1000 * 16 * 512 * 2 + 4 * 1000 * 16 * 512)
-    # Chunked's aggregates are dense rows whatever the element.
-    chunked = cost.chunked_scan(diagonal, 1000, 30)
-    assert chunked.bytes > cost.blelloch_scan(diagonal, 1000).bytes
+    # Chunked's aggregates keep the structure: a map and its offset, not n + 1 dense rows.
+    assert (dense.aggregate, diagonal.aggregate, blocks.aggregate) == (256 * 256, 512, 768)
+    chunked = {name: cost.chunked_scan(fp, 1000, 30) for name, fp in footprints.items()}
+    assert chunked["diagonal"].flops < chunked["dense"].flops / 100
+    composed = (1000 - 34) * 16 * 256  # the maps of chunks 1..29 through their aggregates
+    assert chunked["diagonal"].flops == pytest.approx(
+        2 * composed * 2
+        + 2 * 1000 * 16 * 256
+        + cost.blelloch_scan(dataclasses.replace(diagonal, length=30), 30).flops
+    )
 
 
 @pytest.mark.parametrize("hidden", [256, 1024, 4096])

@@ -98,13 +98,16 @@ def chunked_scan(fp: Footprint, steps: int, chunks: int) -> Cost:
     if chunks <= 1:
         return sequential_scan(fp, steps)
     per_chunk = math.ceil(steps / chunks)
-    composed = (steps - per_chunk) * fp.batch * fp.dense  # n + 1 rows through each map
-    # The chunks' aggregates are dense rows whatever the element: a dense scan across them.
-    aggregates = dataclasses.replace(fp, length=chunks, dense=fp.aggregate, width=0)
+    # Each map multiplies the aggregate (n + 1 dense rows, or a structured map and its offset).
+    composed = (steps - per_chunk) * fp.batch * fp.dense
+    if fp.keeps_structure:  # the aggregates keep the maps' structure, and so does their scan
+        aggregates = dataclasses.replace(fp, length=chunks)
+    else:  # dense rows whatever the element: a dense scan across them
+        aggregates = dataclasses.replace(fp, length=chunks, dense=fp.aggregate, width=0)
     tree = blelloch_scan(aggregates, chunks)
     return Cost(
         steps=2 * per_chunk + tree.steps,
-        flops=2 * composed * (fp.size + 1) + 2 * steps * fp.batch * fp.dense + tree.flops,
+        flops=2 * composed * (fp.product_width + 1) + 2 * steps * fp.batch * fp.dense + tree.flops,
         bytes=fp.itemsize * 3 * (steps * fp.batch * fp.element + chunks * fp.batch * fp.aggregate)
         + tree.bytes,
     )

@@ -94,9 +94,17 @@ class Footprint:
         return self.width or self.size
 
     @property
+    def keeps_structure(self) -> bool:
+        """Whether products of the maps keep a structure narrower than dense (``width < n``)."""
+        return 0 < self.width < self.size
+
+    @property
     def aggregate(self) -> int:
-        """Floats of one map composed with :func:`bppsa.scan.aggregate`'s dense rows (the
-        chunk aggregates of ``Chunked()``): ``n`` dense rows per carry float."""
+        """Floats of one chunk aggregate of ``Chunked()`` (a composed map and its offset): ``n``
+        dense rows per carry float (:func:`bppsa.scan.aggregate`'s form), or for maps whose
+        products keep a structure a product's floats plus the offset."""
+        if self.keeps_structure:
+            return self.dense + self.state
         return self.state * self.size
 
     @property
