@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import json
 import os
 import pathlib
 import platform
-import statistics
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +36,7 @@ import jax.numpy as jnp
 import bppsa
 from bppsa.models import GRU, gru_cell
 from experiments import _timing
+from results_io import write_json
 
 METHODS = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
 
@@ -106,18 +104,10 @@ def measure(seq1d, deer_method, hidden, inputs, length, batch, rounds) -> dict:
         row[f"newton_{name}_converged"] = all(bool(i.converged) for i in infos[name])
     row["deer_iterations"] = deer_iterations(seq1d, deer_method, params, xs, h0)
     times = _timing.interleaved({n: functools.partial(c, xs) for n, c in calls.items()}, rounds)
-    for name, ts in times.items():
-        row[f"{name}_min_s"], row[f"{name}_median_s"] = min(ts), statistics.median(ts)
+    row |= _timing.min_median(times)
     for name in [*(f"newton_{m}" for m in METHODS), "deer"]:
         row[f"{name}_per_iteration_s"] = row[f"{name}_median_s"] / row[f"{name}_iterations"]
     return row
-
-
-def write(path: pathlib.Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".json") as f:
-        json.dump(data, f, indent=1)
-    os.replace(f.name, path)
 
 
 def main(argv=None) -> int:
@@ -145,7 +135,7 @@ def main(argv=None) -> int:
     for hidden in args.hiddens:
         row = measure(seq1d, deer_method, hidden, args.inputs, args.length, args.batch, args.rounds)
         data["rows"].append(row)
-        write(args.out, data)
+        write_json(args.out, data)
         print(
             f"GRU H={hidden} T={args.length} B={args.batch}: lax.scan "
             f"{1e3 * row['lax_scan_median_s']:.1f} ms | "

@@ -207,8 +207,7 @@ def timing_row(length: int, rounds: int) -> dict:
         jax.block_until_ready(fn(xs))
     times = _timing.interleaved({k: functools.partial(fn, xs) for k, fn in fns.items()}, rounds)
     row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
-    for key, ts in times.items():
-        row[f"{key}_min_s"], row[f"{key}_median_s"] = min(ts), statistics.median(ts)
+    row |= _timing.min_median(times)
     for key in ("newton", "newton_quasi"):
         row[f"{key}_over_lax_scan_median"] = row[f"{key}_median_s"] / row["lax_scan_median_s"]
     for key in ("grad_blelloch", "grad_newton_blelloch"):

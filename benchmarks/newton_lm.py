@@ -121,8 +121,7 @@ def measure(model, params, corpus, length, batch, dtype, rounds, seed) -> dict:
             {name: functools.partial(call, params, windows) for name, call in forward.items()},
             rounds,
         )
-        for name, ts in times.items():
-            row[f"{name}_min_s"], row[f"{name}_median_s"] = min(ts), statistics.median(ts)
+        row |= _timing.min_median(times)
         row["newton_speedup_median"] = row["sequential_median_s"] / row["newton_median_s"]
     return row
 

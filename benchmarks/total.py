@@ -13,12 +13,8 @@ Run: ``.venv/bin/python -m benchmarks.total --lengths 1000 10000 100000 1000000 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import pathlib
-import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -26,6 +22,8 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from experiments import _timing
+from results_io import write_json
 
 CELLS = {"rnn": (RNN, rnn_cell), "gru": (GRU, gru_cell), "lstm": (LSTM, lstm_cell)}
 
@@ -61,18 +59,10 @@ def measure(length: int, hidden: int, repeats: int, cell: str = "rnn") -> dict:
             times[name].append(time.perf_counter() - start)
     row = {"cell": cell, "length": length, "hidden": hidden, "batch": 1}
     row["ran"] = repr(plans[0].backward)
-    for name, ts in times.items():
-        row[f"{name}_min_s"], row[f"{name}_median_s"] = min(ts), statistics.median(ts)
+    row |= _timing.min_median(times)
     row["speedup_min"] = row["bp_min_s"] / row["bppsa_min_s"]
     row["speedup_median"] = row["bp_median_s"] / row["bppsa_median_s"]
     return row
-
-
-def write(path: pathlib.Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".json") as f:
-        json.dump(data, f, indent=1)
-    os.replace(f.name, path)
 
 
 def main(argv=None) -> int:
@@ -87,7 +77,7 @@ def main(argv=None) -> int:
     for cell, length in [(c, t) for c in args.cells for t in args.lengths]:
         row = measure(length, args.hidden, args.repeats, cell)
         data["rows"].append(row)
-        write(args.out, data)
+        write_json(args.out, data)
         bp, ours = row["bp_min_s"] * 1e3, row["bppsa_min_s"] * 1e3
         speedups = f"min {row['speedup_min']:.2f}x  median {row['speedup_median']:.2f}x"
         print(

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 import jax
@@ -46,6 +44,7 @@ from bppsa.models import (
 )
 from experiments import _methods, _timing
 from results_io import methods as method_names
+from results_io import write_json
 
 
 def indrnn_user(params, h, x):
@@ -158,13 +157,6 @@ def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False)
     return row
 
 
-def write(path: pathlib.Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".json") as f:
-        json.dump(data, f, indent=1)
-    os.replace(f.name, path)
-
-
 def _x(value) -> str:
     return "  n/r" if value is None else f"{value:5.2f}"
 
@@ -220,11 +212,11 @@ def main(argv=None) -> int:
             row = dict(cell=cell, length=length, batch=batch, hidden=hidden, status="error")
             row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
             data["rows"].append(row)
-            write(args.out, data)
+            write_json(args.out, data)
             print(f"{cell} H={hidden} T={length} B={batch}: {row['error']}", flush=True)
             continue
         data["rows"].append(row)
-        write(args.out, data)
+        write_json(args.out, data)
         bp = row["methods"]["bp"]
         line = f"{cell:<13} H={hidden:<5} T={length:<6} B={batch:<3}"
         line += f" BP bwd {1e3 * bp['backward_median_s']:9.1f} ms"
@@ -238,7 +230,7 @@ def main(argv=None) -> int:
             line += f" | Newton fwd x{row['newton_speedup_median']:.2f}"
         print(line, flush=True)
     data["complete"] = len(data["rows"]) == len(grid)
-    write(args.out, data)
+    write_json(args.out, data)
     return 0
 
 

@@ -37,15 +37,22 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup:
     return statistics.median(timed(fn, *args)[1] for _ in range(repeats))
 
 
+def min_median(times: dict[str, list[float]]) -> dict[str, float]:
+    """``{name}_min_s`` and ``{name}_median_s`` of every call's timings, as result rows key them."""
+    out = {}
+    for name, ts in times.items():
+        out[f"{name}_min_s"], out[f"{name}_median_s"] = min(ts), statistics.median(ts)
+    return out
+
+
 def interleaved(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
     """Seconds of every call in ``calls`` over ``rounds`` rounds, one timed call of each per
     round, each right after an untimed call of itself.
 
     The untimed call puts every timed one in a training loop's steady state, after itself: on a
     CPU a call right after a different, large one (a back-propagation over a long sequence)
-    ran measurably slower than after itself (about 10% for the width benchmark's diagonal GRU
-    at H = 1024 right after BP), and with that penalty the order of the calls in a round, not
-    the methods, would set part of the ratios.
+    ran measurably slower than after itself (docs/width.md, Measurements), and with that
+    penalty the order of the calls in a round, not the methods, would set part of the ratios.
     """
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):

@@ -99,8 +99,7 @@ def _dense_starts(g_last, elements, steps, unpack, chunks):
     def compose(carry, step):
         v, y = carry
         element, offset, valid = unpack(step)
-        new_v = element.take(0, 1).apply(v[None])[0]
-        v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
+        v = _chunk_zero_step(v, element, offset, valid)
         new = element.take(1, chunks).apply_to_rows(y)
         if offset is not None:
             new = new.at[..., -1, :].add(offset[1:])
@@ -118,18 +117,17 @@ def _structured_starts(g_last, elements, steps, unpack, chunks):
     """Steps 1 and 2 for maps whose products keep their structure (diagonal, block-diagonal):
     each chunk's aggregate is the affine map ``g -> M g + o`` with ``M`` the product of its
     maps, of their type (``n k`` floats, not ``n (n + 1)``), starting from its first map."""
-    head = unpack(jax.tree.map(lambda a: a[0], steps))
-    element, offset, _ = head  # the first step of every chunk is a real one (see chunked)
-    v = element.take(0, 1).apply(g_last[None])[0]
-    v = v if offset is None else v + offset[0]
+    element, offset, valid = unpack(jax.tree.map(lambda a: a[0], steps))
+    # The first step of every chunk is a real one (see chunked): chunk 0's vector goes through
+    # it, and it is the other chunks' first aggregate.
+    v = _chunk_zero_step(g_last, element, offset, valid)
     m = element.take(1, chunks)
     o = jnp.zeros((chunks - 1, *g_last.shape), g_last.dtype) if offset is None else offset[1:]
 
     def compose(carry, step):
         v, m, o = carry
         element, offset, valid = unpack(step)
-        new_v = element.take(0, 1).apply(v[None])[0]
-        v = jnp.where(valid[0], new_v if offset is None else new_v + offset[0], v)
+        v = _chunk_zero_step(v, element, offset, valid)
         nxt = element.take(1, chunks)  # applied after m: the next map in scan order
         new_m, new_o = m.then(nxt), nxt.apply(o)
         new_o = new_o if offset is None else new_o + offset[1:]
@@ -148,6 +146,12 @@ def _structured_starts(g_last, elements, steps, unpack, chunks):
     (after_first, m, o), first = lax.scan(compose, (v, m, o), rest)
     first = jnp.concatenate([v[None], first])
     return first, blelloch_scan_order(after_first, m, o)[:-1]
+
+
+def _chunk_zero_step(v, element, offset, valid):
+    """Chunk 0's vector ``v`` through its map of this step (unchanged on padding)."""
+    new = element.take(0, 1).apply(v[None])[0]
+    return jnp.where(valid[0], new if offset is None else new + offset[0], v)
 
 
 def _products_keep_type(elements: MapStack) -> bool:

@@ -280,8 +280,8 @@ class Structured(MapStack):
     def to_dense(self) -> Dense:
         n = self.u.shape[0]
         # sum_r u_r diag(d_r) over the reps blocks of p, added block by block: one elementwise
-        # fusion (a reduction over a (..., n, reps, n) product ran about 3 ms for the GRU at
-        # n = 2, T = 10k, B = 16 on the CPU: most of a Newton iteration).
+        # fusion (XLA's CPU backend runs a reduction over a (..., n, reps, n) product slowly;
+        # docs/width.md, the Newton forward against DEER's).
         a = self.u[:, :n] * self.d[..., None, :n]
         for r in range(1, self.reps):
             a = a + self.u[:, r * n : (r + 1) * n] * self.d[..., None, r * n : (r + 1) * n]

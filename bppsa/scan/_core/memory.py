@@ -96,7 +96,7 @@ class Footprint:
     @property
     def keeps_structure(self) -> bool:
         """Whether products of the maps keep a structure narrower than dense (``width < n``)."""
-        return 0 < self.width < self.size
+        return keeps_structure(self.size, self.width)
 
     @property
     def aggregate(self) -> int:
@@ -129,6 +129,12 @@ class Footprint:
     def span_floats(self, steps: int) -> float:
         """Jacobians, VJP arrays and cotangents of ``steps`` steps evaluated at once."""
         return steps * (SPAN_ELEMENTS * self.element + SPAN_STATES * self.state)
+
+
+def keeps_structure(size: int, width: int | None) -> bool:
+    """Whether products of maps of ``size`` floats keep a structure of inner dimension ``width``
+    narrower than dense (``None`` or ``0``: no structure)."""
+    return bool(width) and width < size
 
 
 def footprint(

@@ -6,6 +6,7 @@ import dataclasses
 from typing import ClassVar
 
 from bppsa.scan._core import cost
+from bppsa.scan._core.memory import keeps_structure
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method, memory_of
 from bppsa.scan._core.methods.blelloch import Blelloch
@@ -94,7 +95,7 @@ class Auto(Method):
         if not profile.measured_rules:
             return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
         element = _element(size, element)
-        structured = _keeps_structure(size, width)
+        structured = keeps_structure(size, width)
         if not _parallel_pays(profile, length, size, batch, element, inputs, single, structured):
             return Sequential()
         return self.parallel(length, size, backend, batch=batch, element=element, width=width)
@@ -115,7 +116,7 @@ class Auto(Method):
             candidates = ACCELERATOR_CHOICES[1:]
             return _fastest(candidates, length, size, profile, batch, element, width)
         work = max(batch * _element(size, element), 1)
-        if _keeps_structure(size, width):
+        if keeps_structure(size, width):
             # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
             low, high = profile.structured_block_steps
             block = _power_of_two(profile.structured_block_work // work, low, high)
@@ -245,11 +246,6 @@ def _parallel_pays(
     if inputs < p.inputs or length < p.inputs_length:
         return False
     return batch * size <= p.inputs_state[length >= 2 * p.inputs_length]
-
-
-def _keeps_structure(size: int, width: int | None) -> bool:
-    """Whether products of the maps keep a structure narrower than dense (``width < n``)."""
-    return width is not None and width < size
 
 
 def _element(size: int, element: int | None) -> int:
