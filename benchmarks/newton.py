@@ -203,8 +203,6 @@ def timing_row(length: int, rounds: int) -> dict:
         "grad_blelloch": grad_blelloch,
         "grad_newton_blelloch": grad_newton,
     }
-    for fn in fns.values():
-        jax.block_until_ready(fn(xs))
     times = _timing.interleaved({k: functools.partial(fn, xs) for k, fn in fns.items()}, rounds)
     row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
     row |= _timing.min_median(times)

@@ -116,7 +116,6 @@ def measure(model, params, corpus, length, batch, dtype, rounds, seed) -> dict:
         np.max(np.abs(newton - reference)) / np.max(np.abs(reference))
     )
     if rounds:
-        jax.block_until_ready(forward["newton"](params, windows))  # compile: not timed
         times = _timing.interleaved(
             {name: functools.partial(call, params, windows) for name, call in forward.items()},
             rounds,

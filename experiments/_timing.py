@@ -47,7 +47,8 @@ def min_median(times: dict[str, list[float]]) -> dict[str, float]:
 
 def interleaved(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
     """Seconds of every call in ``calls`` over ``rounds`` rounds, one timed call of each per
-    round, each right after an untimed call of itself.
+    round, each right after an untimed call of itself (the first of which compiles: no separate
+    warm-up is needed).
 
     The untimed call puts every timed one in a training loop's steady state, after itself: on a
     CPU a call right after a different, large one (a back-propagation over a long sequence)

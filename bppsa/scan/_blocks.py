@@ -147,17 +147,14 @@ class BlockDiagonal(MapStack):
 
 def _act(blocks: Array, w: Array) -> Array:
     """``blocks @ w`` blockwise: ``(..., g, k, k) x (..., g, k) -> (..., g, k)``."""
-    if blocks.shape[-1] <= SMALL_BLOCK:  # k products added in one elementwise fusion
-        out = blocks[..., 0] * w[..., None, 0]
-        for j in range(1, blocks.shape[-1]):
-            out = out + blocks[..., j] * w[..., None, j]
-        return out
-    return (blocks @ w[..., None])[..., 0]
+    return _product(blocks, w[..., None])[..., 0]
 
 
 def _product(earlier: Array, later: Array) -> Array:
-    """``earlier @ later`` blockwise; small blocks as ``k`` products added elementwise."""
-    k = later.shape[-1]
+    """``earlier @ later`` blockwise, ``(..., k, k) x (..., k, c)``; for small blocks the ``k``
+    products are added elementwise (one fusion; XLA's CPU backend runs a reduction over so
+    short an axis slowly)."""
+    k = earlier.shape[-1]
     if k > SMALL_BLOCK:
         return matmul(earlier, later)
     ndim = max(earlier.ndim, later.ndim)
