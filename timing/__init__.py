@@ -1,0 +1,32 @@
+"""The one place where compiled programs are timed, shared by the benchmarks and the experiments
+(not part of the ``bppsa`` wheel):
+
+- the protocol (:mod:`timing.protocol`): :func:`timed` waits for the result;
+  :func:`interleaved` times the calls compared round by round, each timed call right after an
+  untimed call of itself, within an optional budget;
+- a gradient's three quantities, each its own program (:mod:`timing.gradients`):
+  :class:`GradientPrograms` and :func:`time_gradients`; never a difference of two programs;
+- summaries as result rows key them (:mod:`timing.summary`): :func:`ms_fields` and the like;
+- the device's kernel time from the profiler as a cross-check (:mod:`timing.kernels`).
+"""
+
+from timing.gradients import QUANTITIES, GradientPrograms, time_gradients
+from timing.kernels import KernelTime, kernel_seconds, kernel_time, summed_kernel_seconds
+from timing.protocol import interleaved, median_seconds, timed
+from timing.summary import min_median, ms_fields, quartiles
+
+__all__ = [
+    "QUANTITIES",
+    "GradientPrograms",
+    "KernelTime",
+    "interleaved",
+    "kernel_seconds",
+    "kernel_time",
+    "median_seconds",
+    "min_median",
+    "ms_fields",
+    "quartiles",
+    "summed_kernel_seconds",
+    "time_gradients",
+    "timed",
+]
