@@ -11,7 +11,7 @@ import sys
 from tests.paper_figures.test_fig7_fig8 import _run_rows, _write
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-FIGURES = ("accuracy", "fig7", "fig8", "fig9", "fig10", "fig13", "table1", "width")
+FIGURES = ("accuracy", "fig7", "fig8", "fig9", "fig10", "fig13", "gpu", "table1", "width")
 FORBIDDEN = ("jax", "jaxlib", "bppsa", "experiments")
 SCRIPT = """
 import importlib, json, sys
@@ -21,6 +21,7 @@ modules = {name: importlib.import_module(f"paper_figures.{name}") for name in fi
 modules["fig7"].main([run, "--out", out])
 modules["fig10"].main([analysis, "--out", out])
 modules["accuracy"].main(["--out", out])
+modules["gpu"].main(["--out", out])
 print(json.dumps(sorted(sys.modules)))
 """
 
@@ -45,4 +46,4 @@ def test_figures_import_neither_jax_nor_the_experiments(tmp_path):
     assert "results_io" in modules and "matplotlib" in modules
     assert [m for m in modules if m.partition(".")[0] in FORBIDDEN] == []
     drawn = {p.name for p in out.iterdir()}
-    assert {"fig7.png", "fig10.png", "accuracy.png", "accuracy.md"} <= drawn
+    assert {"fig7.png", "fig10.png", "accuracy.png", "accuracy.md", "gpu.png"} <= drawn
