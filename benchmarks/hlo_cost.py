@@ -342,12 +342,13 @@ def count(hlo: str | Compiled, *, unknown_trip_count: int = 1) -> HloCount:
     return _Walker(computations, unknown_trip_count).count(entry, fused=False)
 
 
-# The search box, in log10 of: seconds per step, FLOP/s, B/s; the coarse grid's step in decades.
-BOUNDS = np.array([(-9.0, -3.0), (8.0, 13.0), (8.0, 12.0)])
+# The search box, in log10 of: seconds per step, FLOP/s, B/s (wide enough for an accelerator:
+# the H200's float32 GEMM ran at 3.9e14 FLOP/s); the coarse grid's step in decades.
+BOUNDS = np.array([(-9.0, -3.0), (8.0, 16.0), (8.0, 13.0)])
 GRID_STEP, REFINE_ROUNDS = 0.25, 12
 
 
-def _log_errors(costs: np.ndarray, log_measured: np.ndarray, params: np.ndarray) -> np.ndarray:
+def log_errors(costs: np.ndarray, log_measured: np.ndarray, params: np.ndarray) -> np.ndarray:
     """Squared log errors summed over samples ``costs`` (n, 3) of times ``exp(log_measured)``,
     for each row of ``params`` (k, 3): log10 step latency, FLOP rate, bandwidth."""
     latency, rate, bandwidth = (10.0 ** params[:, i, None] for i in range(3))
@@ -360,8 +361,8 @@ def fit_profile(
 ) -> Profile:
     """The profile whose predictions best fit measured times, in squared log error.
 
-    A log-spaced grid search over the step latency (1 ns to 1 ms), the FLOP rate (1e8 to 1e13)
-    and the bandwidth (1e8 to 1e12 B/s), refined by shrinking grids around the best point;
+    A log-spaced grid search over the step latency (1 ns to 1 ms), the FLOP rate (1e8 to 1e16)
+    and the bandwidth (1e8 to 1e13 B/s), refined by shrinking grids around the best point;
     deterministic. A constant that no sample is bound by is not determined by the fit.
 
     Args:
@@ -382,12 +383,12 @@ def fit_profile(
     log_measured = np.log([seconds for _, seconds in samples])
     axes = [np.arange(lo, hi + GRID_STEP / 2, GRID_STEP) for lo, hi in BOUNDS]
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, 3)
-    best, step = grid[np.argmin(_log_errors(costs, log_measured, grid))], GRID_STEP
+    best, step = grid[np.argmin(log_errors(costs, log_measured, grid))], GRID_STEP
     for _ in range(REFINE_ROUNDS):
         offsets = np.linspace(-2 * step, 2 * step, 9)
         local = np.stack(np.meshgrid(offsets, offsets, offsets, indexing="ij"), axis=-1)
         grid = np.clip(best + local.reshape(-1, 3), BOUNDS[:, 0], BOUNDS[:, 1])
-        best, step = grid[np.argmin(_log_errors(costs, log_measured, grid))], step / 2
+        best, step = grid[np.argmin(log_errors(costs, log_measured, grid))], step / 2
     latency, rate, bandwidth = 10.0**best
     return dataclasses.replace(
         base or get_profile("cpu"),

@@ -2,10 +2,11 @@
 
 A :class:`Profile` holds what ``bppsa`` measured rather than derived: the cost model's rates,
 ``Auto()``'s thresholds on CPUs, the element kernels' small-size switches and the sparse
-kernels' choices. :data:`CPU` was measured on this project's 2-core CPUs; :data:`GPU` is an
-H200 as ASSUMED until a device runs ``benchmarks/gpu.sh``. Each field names, in a comment, the
-benchmark and the result file that measured it; the measurements themselves are on the
-Performance page of the documentation.
+kernels' choices. :data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on one
+NVIDIA H200 (its rates, by which ``Auto()`` ranks the methods on accelerators; its other
+fields keep the CPU's defaults). Each field names, in a comment, the benchmark and the result
+file that measured it; the measurements themselves are on the Performance page of the
+documentation.
 
 :func:`set_profile` replaces a backend's profile (e.g. one fitted by
 ``python -m benchmarks.fit_profile`` on another machine) and :func:`get_profile` reads it; like
@@ -137,8 +138,27 @@ CPU = Profile(
     41.2e-9,
     measured_rules=True,
 )
-# Assumed until benchmarks/gpu.sh has run on one: an H200 without tensor cores.
-GPU = Profile("NVIDIA H200 (assumed: 67 TFLOP/s, 4.8 TB/s, 5 us per step)", 67e12, 4.8e12, 5e-6)
+# One NVIDIA H200 (benchmarks/results/gpu-h200/; its README says what the files get wrong). The
+# rates: python -m benchmarks.fit_profile --device --choices --flops gemm over speed_gpu.json,
+# total_gpu.json, width_gpu.json and gpu_backward.jsonl there (whole gradients and pullbacks
+# timed alone, never total - forward). Auto() ranks by nothing else on accelerators; of its
+# picks over those files' 66 rows, only T = 10 and 30, B = 16 (speed_gpu.json t_sweep) lose more
+# than 10%: BP where Blelloch was 1.1x (RNN T = 10) and 1.8-1.9x (GRU) faster, which no rates
+# fix: the cost model counts a step of BP as one kernel (the compiled GRU's runs 21, the RNN's
+# 11). Measured at JAX's default matmul precision (TF32 there): full precision needs a new fit.
+GPU = Profile(
+    "NVIDIA H200 (fitted on one H200, JAX 0.11.2, whole gradients and direct backwards: "
+    "7.9 us per step, 392 TFLOP/s, 3.2 TB/s)",
+    # speed_gpu.json gemm_gflops (one 8192^3 float32 GEMM); Blelloch first at RNN H = 1024, B = 1
+    # (h_sweep) needs at least 284 TFLOP/s
+    392e12,
+    # fitted; Blelloch before Chunked() at GRU T = 1000, B = 256 (speed_gpu.json b_sweep) needs
+    # at least 1.9 TB/s; the best time fit alone, 1.4 TB/s, would pick Chunked() there
+    3.16e12,
+    # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the picks
+    # at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
+    7.94e-6,
+)
 
 _DEFAULTS = {"cpu": CPU}
 _profiles: dict[str, Profile] = {}

@@ -125,7 +125,8 @@ def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
     times = Auto().predictions(1000, 1024, "gpu", batch=256)
     assert set(times) == {Sequential(), Blelloch(), Chunked()}
     assert min(times, key=times.get) == Sequential()
-    assert times[Blelloch()] > 10 * times[Sequential()]  # ~H times the arithmetic
+    # ~H times BP's arithmetic, where BP's steps are bound by their bytes (the H200's rates)
+    assert times[Blelloch()] > 5 * times[Sequential()]
     small = Auto().predictions(10_000, 20, "gpu", batch=16, element=20)
     assert min(small, key=small.get) == Auto().choose(10_000, 20, "gpu", batch=16, element=20)
     # the backward-time choice never is BP
