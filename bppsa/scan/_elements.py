@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa.scan import _precision
 from bppsa.scan._pattern import expand_values
 from bppsa.scan._profile import get_profile
 
@@ -187,10 +188,10 @@ class Dense(MapStack):
         return self.a.shape[-1]
 
     def apply(self, v: Array) -> Array:
-        return jnp.einsum("...ij,...j->...i", self.a, v)
+        return _precision.einsum("...ij,...j->...i", self.a, v)
 
     def apply_to_rows(self, y: Array) -> Array:
-        return y @ jnp.swapaxes(self.a, -1, -2)
+        return _precision.matmul(y, jnp.swapaxes(self.a, -1, -2))
 
     def to_dense(self) -> Dense:
         return self
@@ -244,9 +245,10 @@ class Structured(MapStack):
             # [d * tile(v), e * v] @ [u^T; I]: the diagonal term inside the product, one kernel
             # less per step (at one row XLA's fused loop of the product apart wins).
             folded = jnp.concatenate([scaled, self.e * v], axis=-1)
-            return folded @ jnp.concatenate([self.u.T, jnp.eye(n, dtype=self.u.dtype)])
+            eye = jnp.eye(n, dtype=self.u.dtype)
+            return _precision.matmul(folded, jnp.concatenate([self.u.T, eye]))
         else:
-            out = scaled @ self.u.T
+            out = _precision.matmul(scaled, self.u.T)
         if self.e is not None:
             out = out + self.e * v
         return out
@@ -272,7 +274,7 @@ class Structured(MapStack):
     def apply_to_rows(self, y: Array) -> Array:
         # y A^T = (tile(y) * d) u^T + y * e: ONE (m*batch*c, p) @ (p, n) product.
         tiled = jnp.concatenate([y] * self.reps, axis=-1) if self.reps > 1 else y
-        out = (tiled * self.d[..., None, :]) @ self.u.T
+        out = _precision.matmul(tiled * self.d[..., None, :], self.u.T)
         if self.e is not None:
             out = out + y * self.e[..., None, :]
         return out
@@ -347,7 +349,7 @@ def matmul(earlier: Array, later: Array) -> Array:
     """``earlier @ later`` for dense stacks ``(m, *batch, r, c)`` whose batch dims broadcast
     after the stack axis (a shared ``(m, r, c)`` against a per-example ``(m, B, c, k)``)."""
     ndim = max(earlier.ndim, later.ndim)
-    return expand_values(earlier, ndim) @ expand_values(later, ndim)
+    return _precision.matmul(expand_values(earlier, ndim), expand_values(later, ndim))
 
 
 def concat(parts: Sequence[MapStack]) -> MapStack:

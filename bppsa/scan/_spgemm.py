@@ -45,6 +45,7 @@ import numpy as np
 import scipy.sparse
 from jax import Array
 
+from bppsa.scan import _precision
 from bppsa.scan._pattern import Pattern, expand_values
 from bppsa.scan._profile import get_profile
 
@@ -375,7 +376,7 @@ def _spmm_rows(pattern: Pattern, values: Array, x: Array, method: str) -> Array:
     cols = np.append(pattern.cols, 0)[ell]
     # A contraction rather than multiply-then-sum: XLA CPU reduces a middle axis next to a
     # unit dim ~30x slower than the dot it makes of this.
-    return jnp.einsum("rw...,rw...->r...", x[cols], _with_zero(values)[ell])
+    return _precision.einsum("rw...,rw...->r...", x[cols], _with_zero(values)[ell])
 
 
 def spgemm_values(
@@ -401,7 +402,9 @@ def spgemm_values(
     earlier_rows, later_rows = _with_zero(earlier_rows), _with_zero(later_rows)
 
     def padded_sum(pad_earlier, pad_later):
-        return jnp.einsum("ow...,ow...->o...", earlier_rows[pad_earlier], later_rows[pad_later])
+        return _precision.einsum(
+            "ow...,ow...->o...", earlier_rows[pad_earlier], later_rows[pad_later]
+        )
 
     if method == "padded" or pairs.pattern.nnz == 0:
         out = padded_sum(*pairs.padded)

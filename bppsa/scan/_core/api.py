@@ -19,6 +19,7 @@ from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods import Auto, Method, policy, resolve
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
+from bppsa.scan._precision import Precision
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
@@ -39,6 +40,7 @@ def scan(
     check_finite: bool | None = None,
     batch: int | None = None,
     forward: Forward | str | None = None,
+    precision: str | Precision | None = None,
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
@@ -79,6 +81,14 @@ def scan(
             each a parallel scan, certified to the residual tolerance; see
             :class:`bppsa.Newton`). ``None``: that of the enclosing :func:`bppsa.grad`, else
             ``"sequential"``.
+        precision: of the matrix products ``bppsa`` itself forms (the scan's combines, the
+            Jacobians' applications, chunk aggregates, structured blocks, Newton's linear
+            solves), in ``jax.lax``'s vocabulary: ``"highest"``, ``"high"``, ``"default"``, a
+            ``jax.lax.Precision`` or a ``jax.lax.DotAlgorithmPreset``. ``None``: that of the
+            enclosing :func:`bppsa.grad`, else ``"highest"``, which keeps the gradients as
+            close to a float64 reference as back-propagation's on every backend (at JAX's
+            default, TF32 on recent NVIDIA GPUs, a parallel scan's gradients drift by about
+            1e-3; docs/accuracy.md). The body's own products keep the body's precision.
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
@@ -106,7 +116,8 @@ def scan(
         >>> bppsa.grad(loss, method="blelloch")(w).shape
         (3, 3)
     """
-    options = Options.make(method, memory_limit, check_finite, forward).over(current())
+    options = Options.make(method, memory_limit, check_finite, forward, precision)
+    options = options.over(current())
     forward = options.forward or FORWARD
     batch = _check_batch(batch)
     problem, init, requested, concrete = _prepare(
@@ -129,6 +140,7 @@ def scan(
         memory_limit=options.memory_limit,
         check_finite=bool(options.check_finite),
         plan=plan,
+        precision=options.precision,
     )
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from bppsa.scan import _precision
 from bppsa.scan._core.capture import AnalyticJacobianWarning, match, recording
 from bppsa.scan._core.carry import Layout, is_float
 from bppsa.scan._core.dependence import depends_on
@@ -82,14 +83,15 @@ def trace_body(f: Callable, init: Any, x: Any, *, warn: bool = True) -> Body:
     matched: list[bool] = []
 
     def probe(carry, x):
-        with recording() as calls:
+        with recording() as calls, _precision.cell():
             out = f(carry, x)
         recorded.extend(call.name for call in calls)
         call = _whole_carry_map(calls, carry, out)
         matched.append(call is not None)
         if call is None:
             return out, None, [], []
-        element = call.build()
+        with _precision.cell():  # the cell's own values (its gates), at its precision
+            element = call.build()
         return out, element, call.other_inputs, list(element.shared().values())
 
     converted, consts = jax.closure_convert(probe, init, x)

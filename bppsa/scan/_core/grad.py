@@ -12,6 +12,7 @@ from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method
 from bppsa.scan._core.options import Options, ambient
+from bppsa.scan._precision import Precision
 
 
 def value_and_grad(
@@ -23,6 +24,7 @@ def value_and_grad(
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
+    precision: str | Precision | None = None,
 ) -> Callable[..., tuple[Any, Any]]:
     """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
 
@@ -43,13 +45,17 @@ def value_and_grad(
         forward: the forward pass of each scan inside (``"sequential"``, ``"newton"`` or
             ``bppsa.Newton(...)``; ``None``: that of an enclosing ``bppsa.grad``, else
             sequential); see :func:`bppsa.scan`.
+        precision: of the matrix products ``bppsa`` forms in each scan's derivatives
+            (``"highest"``, ``"high"``, ``"default"``, a ``jax.lax.Precision`` or
+            ``jax.lax.DotAlgorithmPreset``; ``None``: that of an enclosing ``bppsa.grad``, else
+            ``"highest"``); the user's own products keep theirs. See :func:`bppsa.scan`.
 
     Returns:
         A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
 
     Raises:
         ValueError: for an unknown method name (listing the valid ones) or a limit <= 0.
-        TypeError: for a method, limit or ``check_finite`` of the wrong type.
+        TypeError: for a method, limit, ``check_finite`` or ``precision`` of the wrong type.
 
     The options reach the scans when ``fun`` is traced, also when ``fun`` (or a function it
     calls) is already ``jax.jit``-compiled: they are part of ``jax.jit``'s cache key, so such a
@@ -64,7 +70,7 @@ def value_and_grad(
         >>> [plan.method for plan in plans]
         [Blelloch(), Sequential()]
     """
-    options = Options.make(method, memory_limit, check_finite, forward)
+    options = Options.make(method, memory_limit, check_finite, forward, precision)
     if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover
         raise TypeError(
             "bppsa.grad cannot pass its options into a function that is already jax.jit-"
@@ -91,9 +97,10 @@ def grad(
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
+    precision: str | Precision | None = None,
 ) -> Callable:
     """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
-    ``check_finite`` and ``forward`` (see :func:`value_and_grad`).
+    ``check_finite``, ``forward`` and ``precision`` (see :func:`value_and_grad`).
 
     Example:
         >>> xs = jnp.linspace(0.0, 1.0, 50)
@@ -109,6 +116,7 @@ def grad(
         memory_limit=memory_limit,
         check_finite=check_finite,
         forward=forward,
+        precision=precision,
     )
 
     @functools.wraps(fun)

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa.scan import _chain
+from bppsa.scan import _chain, _precision
 from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.linear import linear_map
@@ -76,7 +76,7 @@ def apply(chain, params, x, masks):
     if not method.uses_jacobians:  # plain back-propagation: JAX differentiates the forward
         return chain.forward(params, x, masks=masks)
     static, traced = _split_masks(chain, masks)
-    run = _differentiable(chain, static, method, requested, opts.memory_limit, plan)
+    run = _differentiable(chain, static, method, requested, opts.memory_limit, plan, opts.precision)
     return run(params, x, traced)
 
 
@@ -143,7 +143,7 @@ def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None
     return policy.bytes_needed(ChainFootprint(maps, inputs, requested), method)
 
 
-def _differentiable(chain, static_masks, method: Method, requested: Method, limit, plan):
+def _differentiable(chain, static_masks, method: Method, requested: Method, limit, plan, precision):
     """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
     ``jax.custom_jvp`` whose tangents go through :func:`bppsa.scan._core.linear.linear_map`.
     Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
@@ -153,7 +153,8 @@ def _differentiable(chain, static_masks, method: Method, requested: Method, limi
         return [t if s is None else s for s, t in zip(static_masks, traced)]
 
     def forward(params, x, traced):
-        return chain.forward(params, x, masks=masks_of(traced))
+        with _precision.cell():
+            return chain.forward(params, x, masks=masks_of(traced))
 
     @jax.custom_jvp
     def run(params, x, traced):
@@ -169,9 +170,10 @@ def _differentiable(chain, static_masks, method: Method, requested: Method, limi
         (ct_y,) = ct
         y = jax.eval_shape(forward, params, inputs[0], traced)
         g = jnp.zeros(y.shape, y.dtype) if ct_y is None else ct_y
-        ct_params, ct_x = _backward(
-            chain, method, requested, limit, plan, params, inputs, masks_of(traced), g
-        )
+        with _precision.products(precision):
+            ct_params, ct_x = _backward(
+                chain, method, requested, limit, plan, params, inputs, masks_of(traced), g
+            )
         return floats_only((ct_params, ct_x))
 
     def rule(primals, tangents_in):
@@ -218,13 +220,18 @@ def _forward(chain, params, x, masks):
     inputs = []
     for layer, p, m in zip(chain, params, masks):
         inputs.append(x)
-        x = chain.call_layer(layer, p, x, m)
+        x = _call_layer(chain, layer, p, x, m)
     return inputs, x
 
 
 def _maps_and_inputs(chain, params, x, masks):
     inputs, _ = _forward(chain, params, x, masks)
     return layer_maps(chain, params, inputs, masks), inputs
+
+
+def _call_layer(chain, layer, p, x, mask):
+    with _precision.cell():  # the layer's own products keep the user's precision
+        return chain.call_layer(layer, p, x, mask)
 
 
 def _layer_map(chain, layer, p, x, mask) -> MapStack | None:
@@ -237,7 +244,7 @@ def _autodiff_map(chain, layer, p, x, mask) -> Dense:
 
     def one(xi):
         def fn(z):
-            return chain.call_layer(layer, p, z.reshape(1, *xi.shape), mask).reshape(-1)
+            return _call_layer(chain, layer, p, z.reshape(1, *xi.shape), mask).reshape(-1)
 
         return jax.jacrev(fn)(xi.reshape(-1))
 
@@ -251,7 +258,7 @@ def _param_cotangent(chain, layer, p, x, mask, g_out):
     # pruning (experiments/pruned_vgg11.py benchmark).
     if not jax.tree.leaves(p):
         return jax.tree.map(jnp.zeros_like, p)
-    y, vjp = jax.vjp(lambda p: chain.call_layer(layer, p, x, mask), p)
+    y, vjp = jax.vjp(lambda p: _call_layer(chain, layer, p, x, mask), p)
     (ct,) = vjp(g_out.reshape(y.shape).astype(y.dtype))
     return ct
 

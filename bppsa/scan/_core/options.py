@@ -1,10 +1,11 @@
 """What a scan's backward pass is asked for, and how :func:`bppsa.grad`'s settings reach it.
 
 One frozen (hashable) :class:`Options` holds the method, the memory limit, the finiteness
-check and the forward pass. :func:`bppsa.grad` sets it for the scans traced inside it with
-:func:`ambient`, through a JAX configuration state that keys ``jax.jit``'s cache (see
-:mod:`bppsa.scan._core.tracing`), so a ``fun`` that was jitted before being passed to ``bppsa.grad``
-is traced again for other options instead of silently reusing the trace of its first options.
+check, the forward pass and the precision of the library's own products. :func:`bppsa.grad`
+sets it for the scans traced inside it with :func:`ambient`, through a JAX configuration state
+that keys ``jax.jit``'s cache (see :mod:`bppsa.scan._core.tracing`), so a ``fun`` that was
+jitted before being passed to ``bppsa.grad`` is traced again for other options instead of
+silently reusing the trace of its first options.
 A scan's own arguments win over the ambient ones, and an inner ``bppsa.grad`` over an outer
 one, field by field.
 """
@@ -16,6 +17,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from bppsa.scan import _precision
 from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods.base import Method
@@ -32,21 +34,27 @@ class Options:
             the default device's available memory.
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
         forward: how the forward pass runs (see :mod:`bppsa.scan._core.forward`).
+        precision: of the library's own matrix products, in JAX's canonical form (see
+            :mod:`bppsa.scan._precision`; unset: ``"highest"``).
     """
 
     method: Method | None = None
     memory_limit: float | None = None
     check_finite: bool | None = None
     forward: Forward | None = None
+    precision: _precision.Precision | None = None
 
     @classmethod
-    def make(cls, method=None, memory_limit=None, check_finite=None, forward=None) -> Options:
+    def make(
+        cls, method=None, memory_limit=None, check_finite=None, forward=None, precision=None
+    ) -> Options:
         """Validated options from user arguments (method and forward names are resolved here)."""
         return cls(
             method=None if method is None else resolve(method),
             memory_limit=check_limit(memory_limit),
             check_finite=None if check_finite is None else check_bool(check_finite),
             forward=None if forward is None else resolve_forward(forward),
+            precision=None if precision is None else _precision.canonical(precision),
         )
 
     def over(self, outer: Options) -> Options:

@@ -34,6 +34,7 @@ from bppsa.scan._core.linear import linear_map
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._precision import Precision, products
 
 if TYPE_CHECKING:
     from bppsa.scan._core.plans import ScanPlan
@@ -49,6 +50,7 @@ def differentiable(
     memory_limit: float | None,
     check_finite: bool,
     plan: ScanPlan | None = None,
+    precision: Precision | None = None,
 ):
     """The scan as a differentiable ``(consts, init, xs) -> (carry, ys)`` (``xs`` in time
     order) that ``concrete`` runs: ``lax.scan`` itself for plain back-propagation, else
@@ -73,6 +75,7 @@ def differentiable(
         memory_limit=memory_limit,
         check_finite=check_finite,
         plan=plan,
+        precision=precision,
     )
 
 
@@ -84,6 +87,7 @@ def jacobian_scan(
     memory_limit: float | None,
     check_finite: bool,
     plan: ScanPlan | None = None,
+    precision: Precision | None = None,
 ):
     """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA derivatives.
 
@@ -95,19 +99,23 @@ def jacobian_scan(
         memory_limit: bytes (``None``: the default device's available memory).
         check_finite: report the first non-finite step (see :mod:`bppsa.scan._core.debug`).
         plan: where to record the backward's method, if recording.
+        precision: of the library's own products (``None``: ``"highest"``), for the
+            backward, the tangents and a parallel forward (see :mod:`bppsa.scan._precision`).
     """
-    setup = _Setup(requested, problem, memory_limit, check_finite, plan)
+    setup = _Setup(requested, problem, memory_limit, check_finite, plan, precision)
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
-        carry, (ys, before) = forward(
-            problem, consts, init, xs, keep=True, method=setup.forward_method
-        )
+        with products(precision):
+            carry, (ys, before) = forward(
+                problem, consts, init, xs, keep=True, method=setup.forward_method
+            )
         return carry, ys, before
 
     @jax.custom_jvp
     def run(consts, init, xs):
-        return forward(problem, consts, init, xs, keep=False, method=setup.forward_method)
+        with products(precision):
+            return forward(problem, consts, init, xs, keep=False, method=setup.forward_method)
 
     def rule(primals, tangents):
         out = run_keep(*primals)
@@ -142,6 +150,7 @@ class _Setup:
     memory_limit: float | None
     check_finite: bool
     plan: ScanPlan | None
+    precision: Precision | None
 
     @functools.cached_property
     def forward_method(self) -> Method:
@@ -158,6 +167,10 @@ class _Setup:
     def tangents(self, res, lin):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
         recurrence, solved in time order by the method's linear scan (float leaves only)."""
+        with products(self.precision):
+            return self._tangents(res, lin)
+
+    def _tangents(self, res, lin):
         consts, before, xs = res
         init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
         dconsts, dinit, dxs = (
@@ -182,8 +195,8 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
         (``None`` where none arrives): the method's backward."""
-        method = self.fitted
-        return self._backward(self.problem, method, res, cts)
+        with products(self.precision):
+            return self._backward(self.problem, self.fitted, res, cts)
 
     def batched_cotangents(self, res, res_axes, cts, lin_axes):
         """:meth:`cotangents` of a whole ``jax.vmap`` batch at once (see
@@ -192,6 +205,10 @@ class _Setup:
         arrays, so that the cotangents of the shared consts come out of one product over steps
         and examples. It needs consts shared by the batch (their values and tangents), and it
         leaves the finiteness check (which reports per example) to the one-by-one path."""
+        with products(self.precision):
+            return self._batched_cotangents(res, res_axes, cts, lin_axes)
+
+    def _batched_cotangents(self, res, res_axes, cts, lin_axes):
         consts, before, xs = res
         const_axes, before_axes, xs_axes = res_axes
         const_lin_axes, init_lin_axes, xs_lin_axes = lin_axes
