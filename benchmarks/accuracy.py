@@ -31,8 +31,18 @@ gradient is one draw: two methods' single draws differ by up to ~4x either way (
 T = 30k), and only a statistic over independent chains compares methods. A non-finite float32
 gradient (an overflow) counts as infinite; ``nonfinite`` says for how many examples.
 
+Precision (what a GPU changes): ``--cell-precision`` is JAX's default matmul precision for
+everything the user writes, BP's whole gradient included: ``highest`` (the default here, as on a
+CPU) or ``default`` (JAX's own default, TF32 on recent NVIDIA GPUs). ``--precisions`` lists the
+precisions of the products ``bppsa`` forms itself (``bppsa.grad(..., precision=...)``) besides
+``highest`` (the library's default, always measured, in ``end_to_end`` / ``backward_only``):
+each other one's errors are in the row's ``by_precision[precision]``, keyed alike. The float64
+references are unaffected (TF32 applies to float32).
+
 Run: ``.venv/bin/python -m benchmarks.accuracy [--quick] [--out PATH]``; writes JSON (after every
-configuration, atomically) and prints a table.
+configuration, atomically) and prints a table. On a GPU (``benchmarks/gpu.sh``): ``--cells rnn
+gru --regimes contractive --lengths 1000 10000 30000 --cell-precision default --precisions
+highest default``.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ import optax
 import bppsa
 from bppsa.jacobians import gru_jacobian_t, rnn_jacobian_t, transposed_jacobian
 from bppsa.models import GRU, RNN, SequenceClassifier
-from experiments import _methods
+from experiments.methods import parse_method
 from results_io import methods as method_names
 
 LENGTHS = (10, 30, 100, 300, 1000, 3000, 10_000, 30_000)
@@ -63,7 +73,7 @@ BATCH, HIDDEN, CLASSES = 16, 20, 10
 CELLS = {"rnn": (RNN(), rnn_jacobian_t), "gru": (GRU(), gru_jacobian_t)}
 GAINS = {"contractive": {"rnn": 0.9, "gru": 0.9}, "expansive": {"rnn": 1.25, "gru": 3.0}}
 METHODS = {
-    name: _methods.parse_method(name, method_names.FORMS)
+    name: parse_method(name, method_names.FORMS)
     for name in (method_names.BLELLOCH, method_names.CHUNKED, method_names.AUTO)
 }
 RESULTS = pathlib.Path(__file__).parent / "results"
@@ -100,10 +110,10 @@ def bp_loss(cell, params, x, label):
     return cross_entropy(params, state, label)
 
 
-def bppsa_loss(cell, method, params, x, label):
+def bppsa_loss(cell, method, params, x, label, precision="highest"):
     state0 = cell.initial_state(HIDDEN, x.dtype)
     body = lambda s, x_t: (cell(params["cell"], s, x_t), None)  # noqa: E731
-    state, _ = bppsa.scan(body, state0, x, method=method)
+    state, _ = bppsa.scan(body, state0, x, method=method, precision=precision)
     return cross_entropy(params, state, label)
 
 
@@ -127,7 +137,7 @@ def pinned_cell(cell, builder):
     return step
 
 
-def pinned_loss(cell, builder, method, params, x, label, states):
+def pinned_loss(cell, builder, method, params, x, label, states, precision="highest"):
     """The loss of one example along the given states (each step pinned); ``method=None``:
     through ``jax.lax.scan`` (BP), else through ``bppsa.scan``."""
     step = pinned_cell(cell, builder)
@@ -136,13 +146,13 @@ def pinned_loss(cell, builder, method, params, x, label, states):
     if method is None:
         state, _ = jax.lax.scan(body, state0, (x, states))
     else:
-        state, _ = bppsa.scan(body, state0, (x, states), method=method)
+        state, _ = bppsa.scan(body, state0, (x, states), method=method, precision=precision)
     return cross_entropy(params, state, label)
 
 
-def per_example_grads(loss, *static):
+def per_example_grads(loss, *static, **options):
     """Jitted ``(params, xs, labels[, states]) -> grads`` with a leading example axis."""
-    grad = jax.grad(functools.partial(loss, *static), argnums=0)
+    grad = jax.grad(functools.partial(loss, *static, **options), argnums=0)
     return jax.jit(jax.vmap(grad, in_axes=(None, 0, 0, 0) if loss is pinned_loss else (None, 0, 0)))
 
 
@@ -182,7 +192,15 @@ def to64(tree):
     return jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), tree)
 
 
-def measure(cell_name: str, regime: str, length: int, batch: int, seed: int = 0) -> dict:
+def measure(
+    cell_name: str,
+    regime: str,
+    length: int,
+    batch: int,
+    seed: int = 0,
+    precisions: tuple[str, ...] = (),
+    methods: tuple[str, ...] = tuple(METHODS),
+) -> dict:
     start = time.perf_counter()
     cell, builder = CELLS[cell_name]
     gain = GAINS[regime][cell_name]
@@ -203,11 +221,14 @@ def measure(cell_name: str, regime: str, length: int, batch: int, seed: int = 0)
     backward_only[method_names.BP] = per_example_grads(pinned_loss, cell, builder, None)(
         params, xs, labels, states
     )
-    for name, method in METHODS.items():
-        end_to_end[name] = per_example_grads(bppsa_loss, cell, method)(params, xs, labels)
-        backward_only[name] = per_example_grads(pinned_loss, cell, builder, method)(
-            params, xs, labels, states
-        )
+    others = {p: ({}, {}) for p in precisions if p != "highest"}
+    for name, method in ((n, METHODS[n]) for n in methods):
+        for precision, (e2e, bwd) in [("highest", (end_to_end, backward_only)), *others.items()]:
+            options = dict(precision=precision)
+            e2e[name] = per_example_grads(bppsa_loss, cell, method, **options)(params, xs, labels)
+            bwd[name] = per_example_grads(pinned_loss, cell, builder, method, **options)(
+                params, xs, labels, states
+            )
 
     row = dict(
         cell=cell_name,
@@ -234,6 +255,14 @@ def measure(cell_name: str, regime: str, length: int, batch: int, seed: int = 0)
     ):
         for name, grads in results.items():
             row[key][name] = summary(relative_errors(grads, ref))
+    if others:
+        row["by_precision"] = {
+            precision: {
+                "end_to_end": {n: summary(relative_errors(g, reference)) for n, g in e2e.items()},
+                "backward_only": {n: summary(relative_errors(g, pinned)) for n, g in bwd.items()},
+            }
+            for precision, (e2e, bwd) in others.items()
+        }
     row["seconds"] = time.perf_counter() - start
     return row
 
@@ -250,9 +279,11 @@ def fmt(error: float | None) -> str:
 
 
 def print_row(row: dict) -> None:
-    methods = [method_names.BP, *METHODS]
-    e2e = " ".join(fmt(row["end_to_end"][n]["median"]) for n in methods)
-    bwd = " ".join(fmt(row["backward_only"][n]["median"]) for n in methods)
+    columns = [(n, row) for n in row["end_to_end"]]
+    for precision, errors in row.get("by_precision", {}).items():
+        columns += [(f"{n}@{precision}", errors) for n in errors["end_to_end"]]
+    e2e = " ".join(fmt(r["end_to_end"][n.split("@")[0]]["median"]) for n, r in columns)
+    bwd = " ".join(fmt(r["backward_only"][n.split("@")[0]]["median"]) for n, r in columns)
     print(
         f"{row['cell']:<3} {row['regime']:<11} T={row['length']:<6} |g|={row['grad_norm']:8.1e}"
         f"  end-to-end {e2e}  backward-only {bwd}  ({row['seconds']:.0f} s)",
@@ -265,6 +296,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_LENGTHS}, B = 4")
     parser.add_argument("--lengths", type=int, nargs="+", help="override the T grid")
     parser.add_argument("--out", type=pathlib.Path, help="JSON path (default: results/...)")
+    parser.add_argument("--cells", nargs="+", choices=list(CELLS), default=list(CELLS))
+    parser.add_argument("--regimes", nargs="+", choices=list(GAINS), default=list(GAINS))
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    parser.add_argument(
+        "--cell-precision",
+        choices=["highest", "default"],
+        default="highest",
+        help="JAX's default matmul precision for the user's code and BP (default: highest; "
+        "'default' is JAX's own, TF32 on recent NVIDIA GPUs)",
+    )
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        choices=["highest", "high", "default"],
+        default=["highest"],
+        help="precisions of bppsa's own products (bppsa.grad's precision=) to measure besides "
+        "highest, the default (always measured); each method at each",
+    )
     args = parser.parse_args(argv)
     lengths = args.lengths or (QUICK_LENGTHS if args.quick else LENGTHS)
     batch = 4 if args.quick else BATCH
@@ -281,19 +330,30 @@ def main(argv: list[str] | None = None) -> None:
         batch=batch,
         hidden=HIDDEN,
         gains=GAINS,
-        methods={name: repr(method) for name, method in METHODS.items()},
+        methods={name: repr(METHODS[name]) for name in args.methods},
+        cell_precision=args.cell_precision,
+        precisions=args.precisions,
         error=(
             "per example: max over gradient leaves of max|g - g_ref| / max|g_ref| (normwise "
             "relative); median and max over the examples"
         ),
         rows=[],
     )
-    print(f"errors of: {', '.join([method_names.BP, *METHODS])}; writing {out}")
-    with jax.default_matmul_precision("highest"):
-        for cell_name in CELLS:
-            for regime in GAINS:
+    extra = [f"{n}@{p}" for p in args.precisions if p != "highest" for n in args.methods]
+    print(f"errors of: {', '.join([method_names.BP, *args.methods, *extra])}; writing {out}")
+    cell_precision = None if args.cell_precision == "default" else args.cell_precision
+    with jax.default_matmul_precision(cell_precision):
+        for cell_name in args.cells:
+            for regime in args.regimes:
                 for length in lengths:
-                    row = measure(cell_name, regime, length, batch)
+                    row = measure(
+                        cell_name,
+                        regime,
+                        length,
+                        batch,
+                        precisions=args.precisions,
+                        methods=args.methods,
+                    )
                     payload["rows"].append(row)
                     print_row(row)
                     write_json(out, payload)

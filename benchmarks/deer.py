@@ -5,10 +5,11 @@ forward pass by Newton iterations on the whole trajectory. Its demo: a GRU of hi
 ``T = 10k`` steps, ``B = 16`` sequences, float32. This benchmark imports DEER from a folder the
 user gives (``--deer-path``: a checkout whose ``deer`` package imports ``seq1d`` and ``DEER``
 from ``deer.fseq1d``; its pinned JAX is old, so patch that scratch copy, never this project) and
-times, interleaved round by round after a warm-up (each timed call right after an untimed call
-of itself): ``lax.scan``; ``bppsa.scan(..., forward=bppsa.Newton())`` with the GRU's analytic
-Jacobians under ``Auto()`` (the default: on CPUs each iteration's linear recurrence is then the
-sequential scan) and under ``Blelloch()`` (the parallel scan); and DEER's ``seq1d``.
+times, interleaved round by round, each timed call right after an untimed call of itself
+(:func:`timing.interleaved`): ``lax.scan``; ``bppsa.scan(..., forward=bppsa.Newton())`` with the
+GRU's analytic Jacobians under ``Auto()`` (the default: on CPUs each iteration's linear
+recurrence is then the sequential scan) and under ``Blelloch()`` (the parallel scan); and DEER's
+``seq1d``.
 
 Iterations: this library's from :class:`bppsa.NewtonInfo` (linear recurrences solved; the
 iterations also evaluate every step once more to certify the last iterate), DEER's as the
@@ -35,8 +36,8 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import GRU, gru_cell
-from experiments import _timing
 from results_io import write_json
+from timing import interleaved, min_median
 
 METHODS = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
 
@@ -103,8 +104,8 @@ def measure(seq1d, deer_method, hidden, inputs, length, batch, rounds) -> dict:
         row[f"newton_{name}_iterations"] = max(int(i.iterations) for i in infos[name])
         row[f"newton_{name}_converged"] = all(bool(i.converged) for i in infos[name])
     row["deer_iterations"] = deer_iterations(seq1d, deer_method, params, xs, h0)
-    times = _timing.interleaved({n: functools.partial(c, xs) for n, c in calls.items()}, rounds)
-    row |= _timing.min_median(times)
+    times = interleaved({n: functools.partial(c, xs) for n, c in calls.items()}, rounds)
+    row |= min_median(times)
     for name in [*(f"newton_{m}" for m in METHODS), "deer"]:
         row[f"{name}_per_iteration_s"] = row[f"{name}_median_s"] / row[f"{name}_iterations"]
     return row

@@ -14,9 +14,14 @@ T from 100 to 100k, in float32 and float64, every example of a batch separately:
   ``k (L + 1) + 1 + F + L + 2``, with ``L = 2 ceil(log2(T + 1))`` the scan's levels, ``k`` the
   iterations (the batch's largest: the examples run together) and ``F`` the fallback's
   sequential steps;
-* with ``--timing``: the forward's wall-clock on this machine against ``lax.scan``, and that of
-  a whole gradient (BP; the Blelloch backward after the sequential and after the Newton
-  forward), float32, interleaved rounds, minimum and median after a warm-up.
+* with ``--timing``: the forward's wall-clock on this machine against ``lax.scan`` (each
+  standalone forward its own program), and for the gradients (BP; the Blelloch backward after
+  the sequential and after the Newton forward) their three quantities, each its own program
+  (:class:`timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the
+  forward of ``jax.vjp``, as it runs inside the gradient) and ``backward`` (its pullback on saved
+  residuals), float32, every program timed round by round right after an untimed call of itself
+  (:func:`timing.time_gradients`), median (``*_ms``) and minimum (``*_min_ms``); the row says
+  ``"backward": "pullback"``.
 
 Rows are appended to a JSON-lines file as they finish (``--out``; a rerun skips the rows it
 finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``; on a GPU,
@@ -31,7 +36,6 @@ import math
 import pathlib
 import platform
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +45,8 @@ import optax
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
-from experiments import _timing
 from results_io import JsonLines
+from timing import GradientPrograms, ms_fields, time_gradients, timed
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
 QUICK_T = (100, 1_000)
@@ -133,9 +137,7 @@ def count_row(name, length, dtype_name, quasi, trained, batch=None) -> dict:
 
     newton, reference = scans(cell, params, dtype, bppsa.Newton(quasi=quasi, callback=record))
     xs = inputs(name, length, batch, size, dtype)
-    start = time.perf_counter()
-    h = jax.block_until_ready(newton(xs))
-    seconds = time.perf_counter() - start
+    h, seconds = timed(newton, xs)  # compilation included
     h_ref = reference(xs)
     per_example = _per_example(infos, batch)
     iterations = [i["iterations"] for i in per_example]
@@ -168,48 +170,53 @@ def _per_example(infos: list[dict], batch: int) -> list[dict]:
     return [{k: np.ravel(v)[b].item() for k, v in info.items()} for b in range(batch)]
 
 
-def gradients(cell, params, forward):
-    """Jitted gradients of a loss on the batch's final states: BP (``jax.grad`` through
-    ``lax.scan``) and ``bppsa.grad`` with the Blelloch backward and ``forward``."""
+def gradient_programs(cell, params, xs) -> dict[str, GradientPrograms]:
+    """The gradients of a loss on the batch's final states, each as its three programs: BP
+    (``jax.grad`` through ``lax.scan``), and ``bppsa.scan``'s Blelloch backward after the
+    sequential forward and after the Newton forward (bound in the loss)."""
 
-    def loss(params, xs, scan, **kw):
+    def loss(scan, params, xs):
         body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
         h0 = jnp.zeros(20, jnp.float32)
-        return jnp.sum(jax.vmap(lambda xs: scan(body, h0, xs, **kw)[0])(xs) ** 2)
+        return jnp.sum(jax.vmap(lambda xs: scan(body, h0, xs)[0])(xs) ** 2)
 
-    bp = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))
-    ours = jax.jit(
-        bppsa.grad(lambda p, xs: loss(p, xs, bppsa.scan), method="blelloch", forward=forward)
-    )
-    return lambda xs: bp(params, xs), lambda xs: ours(params, xs)
+    blelloch = functools.partial(bppsa.scan, method=bppsa.Blelloch())
+    scans = {
+        "bp": jax.lax.scan,
+        "blelloch": blelloch,
+        "newton_blelloch": functools.partial(blelloch, forward=bppsa.Newton()),
+    }
+    return {
+        name: GradientPrograms.from_loss(functools.partial(loss, scan), params, xs)
+        for name, scan in scans.items()
+    }
 
 
 def timing_row(length: int, rounds: int) -> dict:
-    """Wall-clock of the forward (Newton, full and quasi, against lax.scan) and of a whole
-    gradient (BP; Blelloch backward after the sequential and after the Newton forward),
-    interleaved."""
+    """Wall-clock of the forward (Newton, full and quasi, against lax.scan) and the three
+    quantities of a whole gradient (BP; Blelloch backward after the sequential and after the
+    Newton forward), each its own program, interleaved."""
     cell, params, size = case("rnn-init", None)
     batch = batch_for(length)
     xs = inputs("rnn-init", length, batch, size, jnp.float32)
     full, reference = scans(cell, params, jnp.float32, bppsa.Newton())
     quasi, _ = scans(cell, params, jnp.float32, bppsa.Newton(quasi=True))
-    grad_bp, grad_blelloch = gradients(cell, params, "sequential")
-    _, grad_newton = gradients(cell, params, "newton")
-    fns = {
-        "lax_scan": reference,
-        "newton": full,
-        "newton_quasi": quasi,
-        "grad_bp": grad_bp,
-        "grad_blelloch": grad_blelloch,
-        "grad_newton_blelloch": grad_newton,
-    }
-    times = _timing.interleaved({k: functools.partial(fn, xs) for k, fn in fns.items()}, rounds)
+    forwards = {"lax_scan": reference, "newton": full, "newton_quasi": quasi}
+    programs = gradient_programs(cell, params, xs)
+    others = {name: functools.partial(fn, xs) for name, fn in forwards.items()}
+    times = time_gradients(programs, rounds, others=others)
     row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
-    row |= _timing.min_median(times)
+    row["backward"] = "pullback"
+    for name in forwards:
+        row |= ms_fields(times[name])
+    for name in programs:
+        row |= {f"{name}_{field}": ms for field, ms in ms_fields(times[name]).items()}
     for key in ("newton", "newton_quasi"):
-        row[f"{key}_over_lax_scan_median"] = row[f"{key}_median_s"] / row["lax_scan_median_s"]
-    for key in ("grad_blelloch", "grad_newton_blelloch"):
-        row[f"{key}_over_bp_median"] = row[f"{key}_median_s"] / row["grad_bp_median_s"]
+        row[f"{key}_over_lax_scan_median"] = row[f"{key}_ms"] / row["lax_scan_ms"]
+    for key in ("blelloch", "newton_blelloch"):
+        for quantity in ("total", "backward"):
+            ratio = row[f"{key}_{quantity}_ms"] / row[f"bp_{quantity}_ms"]
+            row[f"{key}_{quantity}_over_bp_median"] = ratio
     return row
 
 

@@ -11,7 +11,8 @@ its folder; the parameters of one method's checkpoint, ``--method``) or at its i
 * the logits' largest difference from those of the sequential forward, relative to their
   largest value;
 * with ``--rounds N``: the forward of the whole batch (``jax.vmap`` over the windows), Newton
-  against ``lax.scan``, interleaved rounds, minimum and median after a warm-up.
+  against ``lax.scan``, each its own program, timed round by round right after an untimed call
+  of itself (:func:`timing.interleaved`), minimum and median.
 
 Rows are appended to a JSON-lines file (``--out``) as they finish; a rerun skips the rows it
 finds. Run: ``.venv/bin/python -m benchmarks.newton_lm --run results/char_lm/quick-diagonal-gru
@@ -32,12 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import bppsa
-from experiments import _timing
-from experiments._char_lm_config import CELLS, Config
-from experiments._char_lm_runs import CONFIG, load_corpus
-from experiments._records import load_checkpoint
-from experiments._training import CHECKPOINT
+from experiments.char_lm import CELLS, CHECKPOINT, CONFIG, Config, load_checkpoint, load_corpus
 from results_io import JsonLines
+from timing import interleaved, min_median
 
 
 def load_model(args):
@@ -116,11 +114,11 @@ def measure(model, params, corpus, length, batch, dtype, rounds, seed) -> dict:
         np.max(np.abs(newton - reference)) / np.max(np.abs(reference))
     )
     if rounds:
-        times = _timing.interleaved(
+        times = interleaved(
             {name: functools.partial(call, params, windows) for name, call in forward.items()},
             rounds,
         )
-        row |= _timing.min_median(times)
+        row |= min_median(times)
         row["newton_speedup_median"] = row["sequential_median_s"] / row["newton_median_s"]
     return row
 

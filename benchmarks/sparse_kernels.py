@@ -1,6 +1,7 @@
 """Sparse kernels of ``bppsa.scan``: which numeric phase, and when dense is cheaper.
 
-Measures, jitted, on this machine (interleaved repeats after a warm-up, min and median):
+Measures, jitted, on this machine (interleaved repeats, each timed call right after an untimed
+call of itself, :func:`timing.interleaved`; min and median):
 
 * ``spgemm``: the numeric phase of a fixed-pattern SpGEMM, the padded-row sum (pairs padded
   per output entry, the pad gathering an appended zero: no scatter) against a flat
@@ -41,18 +42,19 @@ float32, medians of 10 interleaved repeats, ms):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pathlib
 import platform
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from bppsa.scan._sparse import METHODS, Pattern, Sparse, _pairs, product_plan, spgemm_values
+from timing import interleaved
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SECTIONS = ("spgemm", "spmv", "pair_ratio", "storage")
@@ -110,18 +112,13 @@ def values_for(pattern: Pattern, vbatch=(), seed: int = 0) -> jax.Array:
 
 
 def measure(fns: dict, args: dict, repeats: int) -> dict:
-    """Jits every function, warms it up, then times them interleaved; ms per call."""
-    jitted = {name: jax.jit(fn) for name, fn in fns.items()}
-    for name, fn in jitted.items():
-        jax.block_until_ready(fn(*args[name]))
-        jax.block_until_ready(fn(*args[name]))
-    times = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in jitted.items():
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args[name]))
-            times[name].append(1e3 * (time.perf_counter() - start))
-    return {n: dict(min_ms=min(t), median_ms=statistics.median(t)) for n, t in times.items()}
+    """Jits every function, then times them interleaved round by round, each timed call right
+    after an untimed call of itself (:func:`timing.interleaved`); ms per call."""
+    calls = {name: functools.partial(jax.jit(fn), *args[name]) for name, fn in fns.items()}
+    times = interleaved(calls, repeats)
+    return {
+        n: dict(min_ms=1e3 * min(t), median_ms=1e3 * statistics.median(t)) for n, t in times.items()
+    }
 
 
 def spgemm_pair(later, earlier, later_vbatch, earlier_vbatch, repeats):

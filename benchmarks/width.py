@@ -8,13 +8,18 @@ units with weight zero (``indrnn-dense``: today's dense autodiff path, ``n`` VJP
 floats per step; same values). Each is scanned over ``T`` steps for ``B`` sequences (vmapped),
 a loss on every step's output (a language model's shape), ``--inputs`` input features.
 
-Per point, in one process, interleaved round by round after a warm-up call, each timed call
-right after an untimed call of itself (:func:`experiments._timing.interleaved`): the forward (the
-jitted loss), back-propagation's gradient (``jax.grad`` through ``lax.scan``) and
-``bppsa.grad``'s with each method (``--methods``: ``auto``, ``blelloch``, ...). Backward =
-gradient - forward (marked unresolved inside the rounds' spread). Minimum and median are
-recorded; what Auto ran and how the Jacobians were built are recorded beside them. The JSON is
-rewritten atomically after every point.
+Per point, in one process, every program timed round by round, each timed call right after an
+untimed call of itself (:func:`timing.time_gradients`): for back-propagation (``bp``: ``jax.grad``
+through ``lax.scan``) and for ``bppsa.scan`` with each method (``--methods``: ``auto``,
+``blelloch``, ...) bound in the loss, the gradient's three quantities, each its own program
+(:class:`timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the forward
+of ``jax.vjp``: the forward as it runs inside the gradient) and ``backward`` (its pullback on
+saved residuals: the backward as its own program, never total - forward); and the standalone
+forwards of interest, each its own program: ``lax_scan`` (the jitted loss through
+``lax.scan``) and, with ``--newton``, ``newton`` (the loss through the Newton forward). Medians
+(``*_ms``) and minima (``*_min_ms``) are recorded; what Auto ran and how the Jacobians were built
+are recorded beside them. The JSON (``"backward": "pullback"``) is rewritten atomically after
+every point.
 
 Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 256 1024 4096
 --length 4096 --batch 4 --out benchmarks/results/width/cpu.json``.
@@ -26,7 +31,6 @@ import argparse
 import functools
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -42,9 +46,12 @@ from bppsa.models import (
     diagonal_gru_cell,
     indrnn_cell,
 )
-from experiments import _methods, _timing
+from experiments.methods import parse_method
 from results_io import methods as method_names
 from results_io import write_json
+from timing import GradientPrograms, ms_fields, time_gradients
+
+BACKWARD = "pullback"  # how the backward is timed: the pullback, its own program
 
 
 def indrnn_user(params, h, x):
@@ -78,10 +85,11 @@ def method_of(name: str) -> bppsa.Method:
     16 steps)."""
     if name in METHODS:
         return METHODS[name]
-    return _methods.parse_method(name, method_names.FORMS)
+    return parse_method(name, method_names.FORMS)
 
 
 def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):
+    """``(params, xs, loss)``: ``loss(scan, params, xs)`` runs the cell through ``scan``."""
     kind, step = CELLS[cell]
     params = kind.init(inputs, hidden, key=jax.random.key(0))
     xs = jax.random.normal(jax.random.key(1), (batch, length, inputs), jnp.float32)
@@ -98,62 +106,43 @@ def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):
     return params, xs, loss
 
 
-def resolved(totals: list[float], forwards: list[float]) -> bool:
-    """Whether ``total - forward`` stands clear of the rounds' spread (lower quartile of the
-    totals above the upper quartile of the forwards)."""
-    if len(totals) < 2:
-        return min(totals) > max(forwards)
-    q1 = statistics.quantiles(totals, n=4, method="inclusive")[0]
-    return q1 > statistics.quantiles(forwards, n=4, method="inclusive")[2]
-
-
-def newton_scan(*args, **kwargs):
-    return bppsa.scan(*args, forward=bppsa.Newton(), **kwargs)
-
-
 def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False) -> dict:
     params, xs, loss = problem(cell, length, batch, hidden, inputs)
-    calls = {
-        "forward": jax.jit(lambda p, xs: loss(jax.lax.scan, p, xs)),
-        "bp": jax.jit(jax.grad(lambda p, xs: loss(jax.lax.scan, p, xs))),
-    }
-    if newton:  # the forward alone, solved parallel in time (certified; see bppsa.Newton)
-        calls["forward_newton"] = jax.jit(lambda p, xs: loss(newton_scan, p, xs))
-    for name in methods:
-        method = method_of(name)
-        calls[name] = jax.jit(bppsa.grad(lambda p, xs: loss(bppsa.scan, p, xs), method=method))
+    scans = {"bp": jax.lax.scan}
+    scans |= {name: functools.partial(bppsa.scan, method=method_of(name)) for name in methods}
     row = dict(cell=cell, length=length, batch=batch, hidden=hidden, inputs=inputs, methods={})
-    for name, call in calls.items():  # compile and warm up
+    programs = {}
+    for name, scan in scans.items():
         with bppsa.trace_plans() as plans:
-            jax.block_until_ready(call(params, xs))
+            programs[name] = GradientPrograms.from_loss(functools.partial(loss, scan), params, xs)
+        entry = row["methods"][name] = {}
         if name in methods:
-            ran = plans[0].backward or plans[0].method
-            row["methods"][name] = dict(ran=repr(ran), jacobians=plans[0].jacobians)
-    times = _timing.interleaved(
-        {name: functools.partial(call, params, xs) for name, call in calls.items()}, repeats
-    )
-    forward = times["forward"]
-    row["forward_min_s"], row["forward_median_s"] = min(forward), statistics.median(forward)
+            ran = next((p.backward for p in plans if p.backward), plans[0].method)
+            entry.update(ran=repr(ran), jacobians=plans[0].jacobians)
+        entry["compile_s"] = dict(programs[name].compile_seconds)
+    forwards = {"lax_scan": jax.lax.scan}
+    if newton:  # the forward alone, solved parallel in time (certified; see bppsa.Newton)
+        forwards["newton"] = functools.partial(bppsa.scan, forward=bppsa.Newton())
+    others = {
+        name: functools.partial(jax.jit(functools.partial(loss, scan)), params, xs)
+        for name, scan in forwards.items()
+    }
+    times = time_gradients(programs, repeats, others=others)
+    for name in forwards:
+        row |= ms_fields(times[name])
     if newton:
-        ts = times["forward_newton"]
-        row["newton_min_s"], row["newton_median_s"] = min(ts), statistics.median(ts)
-        row["newton_speedup_median"] = row["forward_median_s"] / row["newton_median_s"]
-    for name in ["bp", *methods]:
-        entry = row["methods"].setdefault(name, {})
-        ts = times[name]
-        entry["grad_min_s"], entry["grad_median_s"] = min(ts), statistics.median(ts)
-        entry["backward_min_s"] = min(ts) - min(forward)
-        entry["backward_median_s"] = statistics.median(ts) - statistics.median(forward)
-        entry["backward_resolved"] = resolved(ts, forward)
-        entry["per_step_backward_us"] = 1e6 * entry["backward_median_s"] / length
+        row["newton_speedup_median"] = row["lax_scan_ms"] / row["newton_ms"]
     bp = row["methods"]["bp"]
+    for name, entry in row["methods"].items():
+        entry |= ms_fields(times[name])
+        entry["per_step_backward_us"] = 1e3 * entry["backward_ms"] / length
     for name in methods:
         entry = row["methods"][name]
-        clear = entry["backward_resolved"] and bp["backward_resolved"]
-        for stat in ("min", "median"):
-            b = entry[f"backward_{stat}_s"]
-            entry[f"backward_speedup_{stat}"] = bp[f"backward_{stat}_s"] / b if clear else None
-            entry[f"grad_speedup_{stat}"] = bp[f"grad_{stat}_s"] / entry[f"grad_{stat}_s"]
+        for stat, suffix in (("median", ""), ("min", "_min")):
+            entry[f"backward_speedup_{stat}"] = (
+                bp[f"backward{suffix}_ms"] / entry[f"backward{suffix}_ms"]
+            )
+            entry[f"total_speedup_{stat}"] = bp[f"total{suffix}_ms"] / entry[f"total{suffix}_ms"]
     return row
 
 
@@ -191,6 +180,7 @@ def main(argv=None) -> int:
         )
         return 2
     data = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": sys.argv, "rows": []}
+    data["backward"] = BACKWARD
     data["cpus"] = os.cpu_count()
     started = time.perf_counter()
     grid = [
@@ -219,11 +209,11 @@ def main(argv=None) -> int:
         write_json(args.out, data)
         bp = row["methods"]["bp"]
         line = f"{cell:<13} H={hidden:<5} T={length:<6} B={batch:<3}"
-        line += f" BP bwd {1e3 * bp['backward_median_s']:9.1f} ms"
+        line += f" BP bwd {bp['backward_ms']:9.1f} ms"
         for name in args.methods:
             m = row["methods"][name]
             line += (
-                f" | {name} bwd {1e3 * m['backward_median_s']:8.1f} ms "
+                f" | {name} bwd {m['backward_ms']:8.1f} ms "
                 f"x{_x(m['backward_speedup_median'])} ({m['jacobians']}; {m['ran']})"
             )
         if args.newton:

@@ -17,7 +17,7 @@ import optax
 
 import bppsa
 from bppsa.models import CIFGLSTM, GRU, LSTM, DiagonalGRU, IndRNN, LanguageModel
-from experiments import _methods
+from experiments.methods import NEWTON_FORWARD, SEQUENTIAL_FORWARD, is_baseline, parse_method
 from results_io import methods as method_names
 
 CELLS = {
@@ -50,7 +50,8 @@ class Config:
             the first ``prompt_length`` characters of the first validation window,
             ``sample_length`` characters at each evaluation and ``final_sample_length`` at the
             end, at ``temperature``.
-        forward_every: time the forward pass alone every this many iterations.
+        forward_every: time the forward and the backward, each its own program, every this
+            many iterations.
         seed: the initialization, the batch order, the validation windows and the samples.
     """
 
@@ -197,19 +198,19 @@ def dry_run(config: Config) -> Config:
 
 
 def parse_run(name: str) -> tuple[bppsa.Method, str]:
-    """The backward method and the forward name (``experiments._methods.FORWARDS``) of a run's
+    """The backward method and the forward name (``experiments.methods.FORWARDS``) of a run's
     name: a name of ``results_io.methods`` (``bp`` runs ``lax.scan``), or ``<name>-newton``.
 
     Raises:
         ValueError: for an unknown name, or ``bp-newton`` (the reference keeps ``lax.scan``).
     """
     base = name.removesuffix(NEWTON_SUFFIX)
-    method = _methods.parse_method(base)
+    method = parse_method(base)
     if base == name:
-        return method, _methods.SEQUENTIAL_FORWARD
-    if _methods.is_baseline(base):
+        return method, SEQUENTIAL_FORWARD
+    if is_baseline(base):
         raise ValueError(
             f"method {name!r}: {base} is the reference and runs lax.scan's forward; "
             f"{NEWTON_SUFFIX} goes with a BPPSA method (e.g. bppsa{NEWTON_SUFFIX})."
         )
-    return method, _methods.NEWTON_FORWARD
+    return method, NEWTON_FORWARD

@@ -27,11 +27,12 @@ import optax
 import bppsa
 from bppsa.data import text
 from bppsa.models import LanguageModel
-from experiments import _methods, _report
+from experiments import _report
 from experiments._char_lm_config import Config, parse_run
 from experiments._char_lm_fixture import MARKER
 from experiments._records import load_checkpoint, run_metadata
-from experiments._training import CHECKPOINT, Task, Trainer, run_together, step_rows
+from experiments._training import BACKWARD, CHECKPOINT, Task, Trainer, run_together, step_rows
+from experiments.methods import parse_forward
 from results_io import methods as method_names
 from results_io import write_json
 
@@ -169,7 +170,7 @@ def resolve(experiment: Experiment, method: bppsa.Method, forward: str) -> str:
         return repr(method)
     task = experiment.task
     batch = next(iter(task.batches(0)))
-    grad = bppsa.value_and_grad(task.loss, method=method, forward=_methods.parse_forward(forward))
+    grad = bppsa.value_and_grad(task.loss, method=method, forward=parse_forward(forward))
     with bppsa.trace_plans() as plans:
         jax.eval_shape(grad, task.params, *batch)
     chosen = dict.fromkeys(repr(p.method if p.backward is None else p.backward) for p in plans)
@@ -197,7 +198,7 @@ def make_trainers(
             experiment.task,
             experiment.optimizer,
             method=method,
-            forward=_methods.parse_forward(forward),
+            forward=parse_forward(forward),
             out_dir=pathlib.Path(out_dir) / name,
             config=identity
             | dict(method=name, resolved=resolve(experiment, method, forward), forward=forward),
@@ -251,11 +252,13 @@ def _median(values: Sequence[float]) -> float | None:
 
 def timings(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Median seconds of each phase over the step rows after the first few (the warm-up:
-    :data:`WARMUP_STEPS`, at most a fifth of them)."""
+    :data:`WARMUP_STEPS`, at most a fifth of them): the training step and its gradient and
+    update, and the gradient's forward and backward, each its own program
+    (:mod:`experiments._training`)."""
     steps = step_rows(rows)
     skip = min(WARMUP_STEPS, len(steps) // 5)
     out: dict[str, Any] = {"iterations": len(steps), "skipped": skip}
-    for phase in ("step_s", "grad_s", "update_s", "forward_s"):
+    for phase in ("step_s", "grad_s", "update_s", "forward_s", "backward_s"):
         out[phase] = _median([r[phase] for r in steps[skip:] if r.get(phase) is not None])
     out["wall_clock_s"] = steps[-1]["wall_clock_s"] if steps else None
     out["elapsed_s"] = steps[-1]["elapsed_s"] if steps else None
@@ -299,6 +302,7 @@ def summarize(
         entry["speedup"] = None if base is None or not step else base / step
     meta = run_metadata(experiment.config.identity())
     summary = dict(
+        backward=BACKWARD,
         config=experiment.config.record(),
         data=describe_data(experiment.corpus),
         prompt=experiment.prompt_text,
@@ -324,6 +328,8 @@ def summary_line(summary: Mapping[str, Any], run: str | pathlib.Path) -> dict[st
         step_s={name: m["timings"]["step_s"] for name, m in methods.items()},
         grad_s={name: m["timings"]["grad_s"] for name, m in methods.items()},
         forward_s={name: m["timings"]["forward_s"] for name, m in methods.items()},
+        backward_s={name: m["timings"]["backward_s"] for name, m in methods.items()},
+        backward=summary.get("backward"),
         speedup={name: m["speedup"] for name, m in methods.items()},
         iterations={name: m["timings"]["iterations"] for name, m in methods.items()},
         skipped={name: m["timings"]["skipped"] for name, m in methods.items()},

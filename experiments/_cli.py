@@ -16,7 +16,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from experiments import _methods
+from experiments.methods import FORWARDS, OVER_TIME, SEQUENTIAL_FORWARD
 from results_io import methods as method_names
 
 COMMANDS_EPILOG = "Run '<command> --help' for a command's options."
@@ -73,7 +73,7 @@ def fraction_or_zero(text: str) -> float:
     return value
 
 
-def method_name(forms: Sequence[str] = _methods.OVER_TIME):
+def method_name(forms: Sequence[str] = OVER_TIME):
     """The argument type of a backward method's name of one of ``forms``
     (:mod:`results_io.methods`)."""
 
@@ -129,7 +129,7 @@ def add_methods(
     parser: argparse.ArgumentParser,
     default: Sequence[str],
     *,
-    forms: Sequence[str] = _methods.OVER_TIME,
+    forms: Sequence[str] = OVER_TIME,
     help: str = METHODS_HELP,
 ) -> None:
     """``--methods``/``--method NAME ...`` (``args.methods``), names of ``forms``."""
@@ -153,8 +153,8 @@ def add_training(parser: argparse.ArgumentParser, *, lr: str) -> None:
     add_methods(parser, [method_names.BP, method_names.BPPSA])
     parser.add_argument(
         "--forward",
-        choices=_methods.FORWARDS,
-        default=_methods.SEQUENTIAL_FORWARD,
+        choices=FORWARDS,
+        default=SEQUENTIAL_FORWARD,
         help=FORWARD_HELP,
     )
     parser.add_argument("--lr", type=positive_float, help=f"Adam learning rate (default {lr})")

@@ -2,31 +2,36 @@
 
 The paper splits an iteration into the forward pass (FP), the BPPSA backward, the forward
 overhead of building the transposed Jacobians (FO; its PyTorch artifact built them in the
-forward), and, for the baseline, the BP backward. ``bppsa`` builds the Jacobians at the start of
-its backward (inside ``bppsa.scan``'s custom VJP), so FO is measured on its own, with public API:
+forward), and, for the baseline, the BP backward. Here every part is its own compiled program
+(:mod:`timing`), never a difference of two:
 
-* ``forward_s``: the jitted loss (the scan keeps only its last state);
-* ``forward_jacobians_s``: the same forward keeping every state, plus every step's transposed
-  Jacobian from the analytic builder :func:`bppsa.jacobians.gru_jacobian_t`, evaluated on all
-  steps at once as the library's backward does (the gates are recomputed from the states, as
-  there). ``jacobians_s = forward_jacobians_s - forward_s`` is FO;
-* ``bp_s`` and ``bppsa_s``: ``bppsa.value_and_grad`` of the loss with the baseline (``bp``:
-  ``jax.grad`` through ``lax.scan``) and the BPPSA method (forward and backward).
+* ``bp_s`` and ``bppsa_s``: the whole gradient, ``jax.value_and_grad`` of the loss with the
+  baseline (``bp``: ``jax.grad`` through ``lax.scan``) and with the BPPSA method bound inside it
+  (:func:`experiments.methods.bind`);
+* ``bp_forward_s`` and ``bppsa_forward_s``: the forward as it runs inside each gradient, the
+  forward of ``jax.vjp`` (the loss and the residuals the backward needs);
+* ``bp_backward_s`` and ``bppsa_backward_s``: each backward as its own program, the pullback of
+  that ``jax.vjp`` applied to saved residuals. ``bppsa`` builds the transposed Jacobians at the
+  start of its backward (inside ``bppsa.scan``'s custom VJP; its residuals are the states), so
+  FO is INSIDE ``bppsa_backward_s``;
+* ``jacobians_s``: FO timed on its own: every step's transposed Jacobian from the analytic
+  builder :func:`bppsa.jacobians.gru_jacobian_t`, on all steps at once from the saved states
+  (the gates recomputed from them), as the library's backward does. It is a part of
+  ``bppsa_backward_s`` measured apart, not subtracted from anything: with ``Auto()`` on a CPU
+  the library builds the Jacobians per time block, and then it is a model of that part.
 
-Then ``bp_backward_s = bp_s - forward_s`` (the paper's definition) and
-``bppsa_backward_s = bppsa_s - forward_s - jacobians_s``, so that FP + FO + BPPSA backward is the
-BPPSA total. The optimizer update is not included (it is the same for both methods).
+The optimizer update is not included (it is the same for both methods).
 
-Protocol: the four functions are compiled ahead of time and called once untimed; then in each
-of ``repeats`` rounds each is timed once (``jax.block_until_ready``) on that round's batch, the
-order rotating from round to round so that load from elsewhere on a shared machine spreads over
-all of them alike. Each time is the median over the rounds (quartiles are kept too). With
-``Auto()`` on a CPU the library builds the Jacobians per time block inside the backward; the
-split is then a model of where its time goes, not a trace of it.
+Protocol: the programs are compiled ahead of time; then in each of ``repeats`` rounds, on that
+round's batch, each is timed once right after an untimed call of itself
+(:func:`timing.interleaved`; each backward on the residuals of an untimed forward call on the
+batch). Each time is the median over the rounds (quartiles are kept too). Rows say
+``"backward": "pullback"``.
 """
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import statistics
 import time
@@ -34,28 +39,23 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
-import optax
 
 import bppsa
 from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
-from experiments import _timing
 from experiments._records import resume_points
-from experiments._timing import timed
+from experiments.methods import bind
 from results_io import JsonLines
+from timing import QUANTITIES, GradientPrograms, interleaved, quartiles
 
 BREAKDOWN_LOG = "breakdown.jsonl"
-PHASES = ("forward", "forward_jacobians", "bp", "bppsa")
+BACKWARD = "pullback"  # how the rows' backward times are timed: each pullback its own program
+GRADIENTS = ("bp", "bppsa")
 _DIGITS = 7
 
 
-def forward_with_jacobians(model: SequenceClassifier, params: dict, xs, labels):
-    """The loss of ``xs: (B, T, I)``, and the stacked transposed Jacobians of every step.
-
-    Returns:
-        ``(loss, (d, e))``: the diagonal factors of ``J_t^T = W_hh^T diag(d_t) R + diag(e_t)``,
-        ``d: (B, T, 3H)``, ``e: (B, T, H)`` (the shared ``W_hh^T`` is not copied).
-    """
+def step_states(model: SequenceClassifier, params: dict, xs) -> jax.Array:
+    """The state that enters every step of ``xs: (B, T, I)``: ``(B, T, H)``, ``h_{t-1}``."""
     cell_params = params["cell"]
 
     def one(x):  # x: (T, I)
@@ -63,25 +63,28 @@ def forward_with_jacobians(model: SequenceClassifier, params: dict, xs, labels):
             return model.cell(cell_params, h, x_t), h  # keeps h_{t-1}
 
         state0 = model.cell.initial_state(model.hidden_size, x.dtype)
-        last, before = jax.lax.scan(body, state0, x)
-        jac_t = gru_jacobian_t(cell_params, before, x)  # all T steps at once
-        head = params["head"]
-        return head["weight"] @ last + head["bias"], (jac_t.d, jac_t.e)
+        return jax.lax.scan(body, state0, x)[1]
 
-    logits, jacobians = jax.vmap(one)(xs)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    return loss, jacobians
+    return jax.vmap(one)(xs)
 
 
-def phase_functions(
-    model: SequenceClassifier, method: bppsa.Method
-) -> dict[str, Callable[..., Any]]:
-    """The four timed functions of ``(params, xs, labels)``, not yet jitted."""
+def jacobians(model: SequenceClassifier, params: dict, xs, before):
+    """Every step's transposed Jacobian from the states ``before: (B, T, H)`` that entered the
+    steps of ``xs: (B, T, I)``, all steps at once (as the library's backward builds them).
+
+    Returns:
+        ``(d, e)``: the diagonal factors of ``J_t^T = W_hh^T diag(d_t) R + diag(e_t)``,
+        ``d: (B, T, 3H)``, ``e: (B, T, H)`` (the shared ``W_hh^T`` is not copied).
+    """
+    jac_t = jax.vmap(lambda h, x: gru_jacobian_t(params["cell"], h, x))(before, xs)
+    return jac_t.d, jac_t.e
+
+
+def gradient_losses(model: SequenceClassifier, method: bppsa.Method) -> dict[str, Callable]:
+    """The losses whose gradients are timed, each with its backward method bound inside it."""
     return {
-        "forward": model.loss,
-        "forward_jacobians": lambda p, x, y: forward_with_jacobians(model, p, x, y),
-        "bp": bppsa.value_and_grad(model.loss, method=bppsa.Sequential()),
-        "bppsa": bppsa.value_and_grad(model.loss, method=method),
+        "bp": bind(model.loss, method=bppsa.Sequential()),
+        "bppsa": bind(model.loss, method=method),
     }
 
 
@@ -93,42 +96,67 @@ def measure(
     repeats: int,
     progress: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Times the phases on ``batches`` (round ``r`` uses ``batches[r % len(batches)]``).
+    """Times the parts on ``batches`` (round ``r`` uses ``batches[r % len(batches)]``).
 
     Returns:
-        ``{"forward_s", "forward_jacobians_s", "bp_s", "bppsa_s"}`` medians, the derived
-        ``jacobians_s``, ``bp_backward_s``, ``bppsa_backward_s``, ``quartiles`` of the measured
-        ones, ``compile_s`` and ``repeats``.
+        Medians in seconds: ``bp_s``, ``bppsa_s``, ``bp_forward_s``, ``bppsa_forward_s``,
+        ``bp_backward_s``, ``bppsa_backward_s`` and ``jacobians_s``; their ``quartiles``,
+        ``compile_s``, ``repeats`` and ``"backward": "pullback"``.
     """
     if repeats < 1 or not batches:
         raise ValueError(f"need repeats >= 1 and a batch; got {repeats} and {len(batches)}.")
-    compiled, compile_s = {}, {}
-    for name, fn in phase_functions(model, method).items():
-        start = time.perf_counter()
-        compiled[name] = jax.jit(fn).lower(params, *batches[0]).compile()
-        compile_s[name] = round(time.perf_counter() - start, 3)
-        jax.block_until_ready(compiled[name](params, *batches[0]))  # untimed first call
-    times: dict[str, list[float]] = {name: [] for name in PHASES}
+    first = batches[0]
+    programs = {
+        name: GradientPrograms.from_loss(loss, params, *first)
+        for name, loss in gradient_losses(model, method).items()
+    }
+    compile_s = {
+        name: {q: round(s, 3) for q, s in p.compile_seconds.items()} for name, p in programs.items()
+    }
+    states = jax.jit(functools.partial(step_states, model))
+    start = time.perf_counter()
+    build = jax.jit(functools.partial(jacobians, model))
+    build = build.lower(params, first[0], states(params, first[0])).compile()
+    compile_s["jacobians"] = round(time.perf_counter() - start, 3)
+    times: dict[str, list[float]] = {}
     for r in range(repeats):
         batch = batches[r % len(batches)]
-        for k in range(len(PHASES)):
-            name = PHASES[(r + k) % len(PHASES)]
-            times[name].append(timed(compiled[name], params, *batch)[1])
+        xs = batch[0]
+        calls = {
+            (name, quantity): call
+            for name, program in programs.items()
+            for quantity, call in _calls(program, params, batch).items()
+        }
+        calls["jacobians", None] = functools.partial(build, params, xs, states(params, xs))
+        for key, ts in interleaved(calls, rounds=1).items():
+            times.setdefault(_field(*key), []).extend(ts)
         if progress is not None:
             progress()
-    medians = {f"{name}_s": statistics.median(times[name]) for name in PHASES}
-    forward, jacobians = medians["forward_s"], medians["forward_jacobians_s"] - medians["forward_s"]
-    derived = dict(
-        jacobians_s=jacobians,
-        bp_backward_s=medians["bp_s"] - forward,
-        bppsa_backward_s=medians["bppsa_s"] - forward - jacobians,
-    )
-    quartiles = {f"{name}_s": _timing.quartiles(times[name], _DIGITS) for name in PHASES}
-    return {k: round(v, _DIGITS) for k, v in (medians | derived).items()} | {
-        "quartiles": quartiles,
+    medians = {field: round(statistics.median(ts), _DIGITS) for field, ts in times.items()}
+    return medians | {
+        "quartiles": {field: quartiles(ts, _DIGITS) for field, ts in times.items()},
         "compile_s": compile_s,
         "repeats": repeats,
+        "backward": BACKWARD,
     }
+
+
+def _calls(programs: GradientPrograms, params, batch) -> dict[str, Callable[[], Any]]:
+    """The three programs bound to ``batch``; the backward to the residuals of an untimed
+    forward call on it."""
+    _, pullback = programs.forward(params, *batch)
+    return {
+        "total": functools.partial(programs.total, params, *batch),
+        "forward": functools.partial(programs.forward, params, *batch),
+        "backward": functools.partial(programs.backward, pullback, programs.cotangent),
+    }
+
+
+def _field(name: str, quantity: str | None) -> str:
+    """``bp_s``, ``bppsa_forward_s``, ``jacobians_s``, ...: a quantity's field in a row."""
+    if quantity is None:
+        return f"{name}_s"
+    return f"{name}_s" if quantity == QUANTITIES[0] else f"{name}_{quantity}_s"
 
 
 def run_breakdown(
@@ -155,20 +183,27 @@ def run_breakdown(
 
 
 def table(rows: Iterable[dict[str, Any]]) -> str:
-    """One line per point: the four parts (ms) and the backward speedup of BPPSA over BP."""
+    """One line per point: the parts (ms; each its own program, the Jacobians a part of BPPSA's
+    backward timed apart) and BPPSA's speedups over BP, of the backward and of the whole
+    gradient."""
     lines = [
-        f"{'var':<3} {'B':>3} {'T':>5} {'F':>3} {'forward':>9} {'Jacobians':>9} "
-        f"{'BPPSA bwd':>9} {'BP bwd':>9} {'bwd x':>6} {'total x':>7}   (ms)"
+        f"{'var':<3} {'B':>3} {'T':>5} {'F':>3} {'BP fwd':>9} {'BPPSA fwd':>9} {'BP bwd':>9} "
+        f"{'BPPSA bwd':>9} {'Jacobians':>9} {'bwd x':>6} {'total x':>7}   (ms)"
     ]
     for row in rows:
         point = row["point"]
-        bppsa_bwd = row["jacobians_s"] + row["bppsa_backward_s"]
         lines.append(
             f"{point['variant']:<3} {point['batch']:>3} {row.get('frames', '-'):>5} "
-            f"{row.get('features', '-'):>3} {_ms(row['forward_s'])} {_ms(row['jacobians_s'])} "
-            f"{_ms(row['bppsa_backward_s'])} {_ms(row['bp_backward_s'])} "
-            f"{_x(row['bp_backward_s'], bppsa_bwd):>6} {_x(row['bp_s'], row['bppsa_s']):>7}"
+            f"{row.get('features', '-'):>3} {_ms(row['bp_forward_s'])} "
+            f"{_ms(row['bppsa_forward_s'])} {_ms(row['bp_backward_s'])} "
+            f"{_ms(row['bppsa_backward_s'])} {_ms(row['jacobians_s'])} "
+            f"{_x(row['bp_backward_s'], row['bppsa_backward_s']):>6} "
+            f"{_x(row['bp_s'], row['bppsa_s']):>7}"
         )
+    lines.append(
+        "each its own program: forward of jax.vjp, its pullback (BPPSA's builds the Jacobians), "
+        "the Jacobians alone"
+    )
     return "\n".join(lines)
 
 

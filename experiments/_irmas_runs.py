@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 import bppsa
 from bppsa.data import irmas
 from bppsa.models import GRU, SequenceClassifier
-from experiments import _irmas_breakdown, _methods
+from experiments import _irmas_breakdown, methods
 from experiments._irmas_data import Clips
 from experiments._records import ResultsFolderError
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
@@ -35,7 +35,8 @@ class Config:
             ``"newton"`` (``bppsa.Newton()``); BP runs ``lax.scan`` in any case.
         seed: parameter initialization and the data order.
         iterations, epochs: run length; ``iterations`` wins when both are set.
-        forward_every: time the forward alone every this many iterations.
+        forward_every: time the forward and the backward, each its own program, every this
+            many iterations.
         evaluate: training-set loss and accuracy at the end of every epoch and of the run.
     """
 
@@ -43,7 +44,7 @@ class Config:
     batch: int = 16
     hidden: int = 20
     lr: float = 3e-4
-    forward: str = _methods.SEQUENTIAL_FORWARD
+    forward: str = methods.SEQUENTIAL_FORWARD
     seed: int = 0
     iterations: int | None = None
     epochs: float | None = 1.0
@@ -82,7 +83,7 @@ GRU_ELEMENT = 4  # a GRU step's Jacobian keeps 4 H floats per example (three gat
 def describe(name: str, clips: Clips, hidden: int, batch: int) -> str:
     """What method ``name`` runs for the GRU over ``clips`` at ``batch`` (its frames as T, its
     features per step as the inputs Auto weighs)."""
-    return _methods.describe(
+    return methods.describe(
         name,
         clips.frames,
         hidden,
@@ -203,7 +204,7 @@ def breakdown(
         # A few different batches, so that no single batch's content decides the times.
         batch_list = [data.batch(i, point["batch"]) for i in range(min(repeats, 4))]
         bar.set_description(f"breakdown {point['variant']} B={point['batch']}")
-        backward = _methods.parse_method(method)
+        backward = methods.parse_method(method)
         if isinstance(backward, bppsa.Auto):
             # Fig. 9 breaks BPPSA's time down: time the method Auto runs BPPSA with, even where
             # it would run plain back-propagation instead on this backend (large batches).

@@ -5,23 +5,29 @@ Used by every experiment that trains (the RNN on synthetic bitstreams, the GRU o
 knows nothing about the model or the data, only ``loss(params, *batch)``, initial parameters,
 and the batches of iterations ``start, start + 1, ...``.
 
-Timing of one iteration (every function is jitted and compiled before the first timed call;
-each call is waited for with ``jax.block_until_ready``):
+Timing of one iteration, each quantity its own compiled program (:mod:`timing`: the loss with the
+trainer's method and forward bound inside it, :func:`experiments.methods.bind`; compiled and
+called once before the first timed call; each call waited for with ``jax.block_until_ready``):
 
-* ``grad_s``: ``bppsa.value_and_grad(loss, method=..., forward=...)``, i.e. forward + backward;
+* ``grad_s``: the training step's gradient, ``jax.value_and_grad`` of the loss (what
+  ``bppsa.value_and_grad(loss, method=..., forward=...)`` runs): forward + backward;
 * ``update_s``: the optimizer's update and ``optax.apply_updates``;
 * ``step_s = grad_s + update_s``: the training iteration;
-* ``forward_s``: the jitted loss alone on the same parameters and batch, an EXTRA call made every
-  ``forward_every`` iterations (``None`` in the other rows) and not part of training;
-* ``backward_s = grad_s - forward_s``: the paper's definition of the backward time.
+* ``forward_s``: the forward as it runs inside that gradient, the forward of ``jax.vjp`` (the loss
+  and the residuals its backward needs), and ``backward_s``: the backward as its own program, the
+  pullback applied to this iteration's residuals. Both are EXTRA calls made every
+  ``forward_every`` iterations (``None`` in the other rows), not part of training, timed by the
+  harness's protocol (:func:`timing.interleaved`: each right after an untimed call of itself).
 
-The forward-only call is the same jitted loss in every run, with ``lax.scan``'s forward: with
-``forward="newton"``, ``grad_s`` of the BPPSA runs holds the Newton forward instead, and their
-``backward_s`` then also holds the difference of the two forwards (``step_s`` stays exact).
+``backward_s`` is never ``grad_s - forward_s``: a standalone forward is another program (on an
+H200 the standalone ``lax.scan`` forward ran at half the speed of the same forward inside a
+gradient), and so is each method's forward (with ``forward="newton"`` the BPPSA runs' holds
+the Newton forward).
 
-``wall_clock_s`` accumulates ``step_s``: training time without data generation, the extra forward
-calls, evaluation, logging and checkpoints (the x axis of the paper's Fig. 7). ``elapsed_s`` is
-real time since the run began (over all sessions), everything included.
+``wall_clock_s`` accumulates ``step_s``: training time without data generation, the extra
+forward and backward calls, evaluation, logging and checkpoints (the x axis of the paper's
+Fig. 7). ``elapsed_s`` is real time since the run began (over all sessions), everything
+included.
 
 Results: ``out_dir/metrics.jsonl`` holds a ``session`` row at every (re)start (run metadata, the
 configuration, compile times), a ``step`` row per iteration and ``eval`` rows;
@@ -34,6 +40,7 @@ leaves no duplicated and no missing rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import sys
@@ -46,7 +53,6 @@ import optax
 from tqdm.auto import tqdm
 
 import bppsa
-from experiments import _methods
 from experiments._records import (
     config_mismatch,
     load_checkpoint,
@@ -54,12 +60,14 @@ from experiments._records import (
     same_config,
     save_checkpoint,
 )
-from experiments._timing import timed
+from experiments.methods import SEQUENTIAL_FORWARD, bind, forward_of, parse_forward, parse_method
 from results_io import JsonLines
+from timing import GradientPrograms, interleaved, timed
 
 Batch = tuple[Any, ...]
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.npz"
+BACKWARD = "pullback"  # how the logs' backward_s is timed: the pullback, its own program
 _DIGITS = 7  # times are logged in seconds, rounded to 0.1 microsecond
 
 
@@ -112,7 +120,8 @@ class Trainer:
         config: JSON-able description of the run; resuming requires the same one.
         num_iterations: iterations of the whole run (may grow between sessions).
         checkpoint_every: iterations between checkpoints (and appends to the log).
-        forward_every: time the forward alone every this many iterations.
+        forward_every: time the forward and the backward of the gradient, each its own
+            program, every this many iterations.
         eval_every: evaluate every this many iterations and at the end (``None``: at the end).
         overwrite: start afresh, deleting this run's log and checkpoint.
         progress: show a progress bar (default: when stderr is a terminal).
@@ -172,7 +181,8 @@ class Trainer:
                 path.unlink(missing_ok=True)
         self._state: _State | None = None
         self._saved = -1  # iteration of the last checkpoint
-        self._fns: dict[str, Any] | None = None
+        self._programs: GradientPrograms | None = None
+        self._update: Any = None
         self._batches: Iterator[Batch] | None = None
         self._bar = None
         self._session_start = 0.0
@@ -216,7 +226,7 @@ class Trainer:
         if not self.done:
             compile_s = self._compile()
             self.log.append(
-                dict(kind="session", iteration=iteration, compile_s=compile_s)
+                dict(kind="session", iteration=iteration, compile_s=compile_s, backward=BACKWARD)
                 | run_metadata(self.config)
             )
         return iteration
@@ -268,37 +278,51 @@ class Trainer:
         self._batches = iter(self.task.batches(state.iteration))
         first = jax.block_until_ready(next(self._batches))
         self._batches = _prepend(first, self._batches)
-        grad_fn = bppsa.value_and_grad(self.task.loss, method=self.method, forward=self.forward)
+        loss = bind(self.task.loss, method=self.method, forward=self.forward)
+        programs = GradientPrograms.from_loss(loss, state.params, *first)
 
         def update(grads, opt_state, params):
             updates, opt_state = self.optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
-        compile_s, self._fns = {}, {}
-        grads = jax.eval_shape(grad_fn, state.params, *first)[1]
-        for name, fn, args in (
-            ("forward", self.task.loss, (state.params, *first)),
-            ("grad", grad_fn, (state.params, *first)),
-            ("update", update, (grads, state.opt_state, state.params)),
-        ):
-            start = time.perf_counter()
-            self._fns[name] = jax.jit(fn).lower(*args).compile()
-            compile_s[name] = round(time.perf_counter() - start, 3)
+        compile_s = {
+            "grad": round(programs.compile_seconds["total"], 3),
+            "forward": round(programs.compile_seconds["forward"], 3),
+            "backward": round(programs.compile_seconds["backward"], 3),
+        }
         # One untimed call of each (first calls allocate and fill caches); results discarded.
-        _, grads = jax.block_until_ready(self._fns["grad"](state.params, *first))
-        jax.block_until_ready(self._fns["forward"](state.params, *first))
-        jax.block_until_ready(self._fns["update"](grads, state.opt_state, state.params))
+        _, grads = jax.block_until_ready(programs.total(state.params, *first))
+        jax.block_until_ready(programs.backward(programs.pullback, programs.cotangent))
+        start = time.perf_counter()
+        update_fn = jax.jit(update).lower(grads, state.opt_state, state.params).compile()
+        compile_s["update"] = round(time.perf_counter() - start, 3)
+        jax.block_until_ready(update_fn(grads, state.opt_state, state.params))
+        self._programs, self._update = programs, update_fn
         return compile_s
 
+    def _forward_backward(self, params, batch) -> tuple[float, float]:
+        """Seconds of the gradient's forward and of its backward on ``batch``, each its own
+        program, each right after an untimed call of itself."""
+        programs = self._programs
+        _, pullback = programs.forward(params, *batch)  # this iteration's residuals
+        times = interleaved(
+            {
+                "forward": functools.partial(programs.forward, params, *batch),
+                "backward": functools.partial(programs.backward, pullback, programs.cotangent),
+            },
+            rounds=1,
+        )
+        return times["forward"][0], times["backward"][0]
+
     def _step(self) -> dict[str, Any]:
-        state, fns = self._state, self._fns
+        state = self._state
         i = state.iteration
         batch = jax.block_until_ready(next(self._batches))
-        forward_s = None
+        forward_s = backward_s = None
         if i % self.forward_every == 0:
-            forward_s = timed(fns["forward"], state.params, *batch)[1]
-        (loss, grads), grad_s = timed(fns["grad"], state.params, *batch)
-        (params, opt_state), update_s = timed(fns["update"], grads, state.opt_state, state.params)
+            forward_s, backward_s = self._forward_backward(state.params, batch)
+        (loss, grads), grad_s = timed(self._programs.total, state.params, *batch)
+        (params, opt_state), update_s = timed(self._update, grads, state.opt_state, state.params)
         step_s = grad_s + update_s
         wall = state.wall_clock_s + step_s
         row = dict(
@@ -307,7 +331,7 @@ class Trainer:
             epoch=i // self.task.iterations_per_epoch,
             loss=float(loss),
             forward_s=_round(forward_s),
-            backward_s=None if forward_s is None else _round(grad_s - forward_s),
+            backward_s=_round(backward_s),
             grad_s=_round(grad_s),
             update_s=_round(update_s),
             step_s=_round(step_s),
@@ -371,24 +395,25 @@ def lockstep_trainers(
     *,
     resolved: Callable[[str], str],
     label: str,
-    forward: str = _methods.SEQUENTIAL_FORWARD,
+    forward: str = SEQUENTIAL_FORWARD,
     **options: Any,
 ) -> dict[str, Trainer]:
-    """A trainer per method name (``experiments._methods``) on the same task and optimizer.
+    """A trainer per method name (:mod:`experiments.methods`) on the same task and optimizer.
 
-    The BPPSA methods run the forward pass ``forward`` (a name of ``_methods.FORWARDS``), the
-    back-propagation baseline ``lax.scan`` in any case (``_methods.forward_of``). Each logs to
-    ``out_dir/<name>/`` with ``config`` plus its method name, ``resolved(name)`` (what the
-    method runs) and the forward it runs, shows ``"<name> <label>"`` on its progress bar, and
-    takes ``options`` (e.g. ``num_iterations``) as :class:`Trainer` does.
+    The BPPSA methods run the forward pass ``forward`` (a name of
+    :data:`experiments.methods.FORWARDS`), the back-propagation baseline ``lax.scan`` in any case
+    (:func:`experiments.methods.forward_of`). Each logs to ``out_dir/<name>/`` with ``config``
+    plus its method name, ``resolved(name)`` (what the method runs) and the forward it runs,
+    shows ``"<name> <label>"`` on its progress bar, and takes ``options`` (e.g.
+    ``num_iterations``) as :class:`Trainer` does.
     """
-    forwards = {name: _methods.forward_of(name, forward) for name in methods}
+    forwards = {name: forward_of(name, forward) for name in methods}
     return {
         name: Trainer(
             task,
             optimizer,
-            method=_methods.parse_method(name),
-            forward=_methods.parse_forward(forwards[name]),
+            method=parse_method(name),
+            forward=parse_forward(forwards[name]),
             out_dir=pathlib.Path(out_dir) / name,
             config=config | dict(method=name, resolved=resolved(name), forward=forwards[name]),
             name=f"{name} {label}",

@@ -4,30 +4,31 @@ At every point (pruning sparsity, batch size): the network pruned to that sparsi
 seeded normal images with labels, and the loss ``cross-entropy(chain.apply(params, x, masks))``
 with the masks closed over (concrete: the pruned entries are absent from every pattern). Per
 method (``bp`` = ``Sequential()``: ``jax.grad`` of the plain forward, dense; the others run
-``bppsa``'s scan over the layers' sparse transposed Jacobians):
+``bppsa``'s scan over the layers' sparse transposed Jacobians), the method bound inside the loss
+(:func:`experiments.methods.bind`):
 
-* ``bppsa.grad(loss, method)`` is compiled ahead of time (``jax.jit(...).lower(...).compile()``);
-  a method whose backward would exceed the memory limit raises ``bppsa.MemoryLimitError`` while
-  it is traced: the point records it as skipped, with the library's estimate;
+* the gradient's three programs are compiled ahead of time (:class:`timing.GradientPrograms`):
+  ``total``, ``jax.value_and_grad`` (what ``bppsa.grad(loss, method)`` runs); ``forward``, the
+  forward of ``jax.vjp`` (the forward as it runs inside the gradient); ``backward``, its
+  pullback applied to saved residuals, the backward as its own program. A method whose backward
+  would exceed the memory limit raises ``bppsa.MemoryLimitError`` while it is traced: the point
+  records it as skipped, with the library's estimate;
 * memory: XLA's ``memory_analysis()`` of the compiled gradient (``temp + argument + output``
   bytes: its peak on the device as XLA plans it) and ``chain.estimate_memory`` (the library's
   model of the backward);
-* time: the jitted loss (forward) and every gradient are called once untimed, then timed once
-  per round for ``repeats`` rounds, the order rotating from round to round so that load from
-  elsewhere on a shared machine spreads over all of them; a function faster than
-  :data:`REWARM_BELOW_S` is called once more, untimed, right before each timed call (a call
-  that follows one which allocated gigabytes was measured up to ~1.5x slower otherwise);
-  ``backward = grad - forward`` (the paper's definition), from the medians and from the minima;
+* time: every program of every method timed once per round for ``repeats`` rounds, each right
+  after an untimed call of itself (:func:`timing.time_gradients`), medians and minima
+  (``total_ms``, ``forward_ms``, ``backward_ms`` and their ``_min_ms``); never a difference of
+  two programs (``"backward": "pullback"``);
 * agreement: the largest difference of every method's parameter gradients from BP's, relative
   to the largest BP gradient.
 
-``ratio = backward_method / backward_BP`` (below 1: faster than BP) and ``speedup = 1 / ratio``.
+``ratio = backward_method / backward_BP`` (below 1: faster than BP) and ``speedup = 1 / ratio``,
+from the medians and (``_min``) from the minima.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,12 +36,13 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-from experiments import _timing, _vgg_model
-from experiments._timing import timed
+from experiments import _vgg_model
+from experiments.methods import bind
 from results_io import methods as method_names
+from timing import GradientPrograms, ms_fields, quartiles, time_gradients
 
 _DIGITS = 7
-REWARM_BELOW_S = 0.5  # functions faster than this get an untimed call before each timed one
+BACKWARD = "pullback"  # how the backward is timed: the pullback, its own program
 
 
 def measure(
@@ -62,11 +64,7 @@ def measure(
     x = jax.random.normal(key_x, (batch, 3, input_size, input_size))
     y = jax.random.randint(key_y, (batch,), 0, _vgg_model.NUM_CLASSES)
     loss = _vgg_model.loss_fn(chain, masks)
-    start = time.perf_counter()
-    forward = jax.jit(loss).lower(params, x, y).compile()
-    forward_compile = time.perf_counter() - start
-    jax.block_until_ready(forward(params, x, y))
-    compiled, entries, grads = {}, {}, {}
+    programs, entries, grads = {}, {}, {}
     for name in methods:
         if progress is not None:
             progress(f"compiling {name}")
@@ -78,11 +76,10 @@ def measure(
             )
         except bppsa.MemoryLimitError as error:  # pragma: no cover - an estimate never runs
             entry["estimate_bytes"] = int(error.estimate)
-        start = time.perf_counter()
+        bound = bind(loss, method=method, memory_limit=memory_limit)
         try:
             with bppsa.trace_plans() as plans:
-                grad = bppsa.grad(loss, method=method, memory_limit=memory_limit)
-                fn = jax.jit(grad).lower(params, x, y).compile()
+                program = GradientPrograms.from_loss(bound, params, x, y)
         except bppsa.MemoryLimitError as error:
             entry |= dict(
                 skipped="MemoryLimitError",
@@ -92,54 +89,37 @@ def measure(
             )
             entries[name] = entry
             continue
-        entry["compile_s"] = round(time.perf_counter() - start, 3)
+        entry["compile_s"] = {q: round(s, 3) for q, s in program.compile_seconds.items()}
         backward = next((p.backward or p.method for p in plans), None)
         if backward is not None:
             entry["ran"] = backward.describe() if hasattr(backward, "describe") else repr(backward)
-        entry["memory"] = _memory(fn)
-        grads[name] = jax.block_until_ready(fn(params, x, y))  # the untimed call
-        compiled[name] = fn
+        entry["memory"] = _memory(program.total)
+        grads[name] = jax.block_until_ready(program.total(params, x, y))[1]
+        programs[name] = program
         entries[name] = entry
     _agreement(entries, grads)
     del grads
-    names = ["forward", *compiled]
-    fns = {"forward": forward} | compiled
-    # A call right after one of a method that allocates gigabytes runs slower (its buffers are
-    # touched afresh), so the quick functions are called once untimed right before each timed
-    # call; the slow ones, which such an effect hardly changes, are not.
-    quick = {name: timed(fns[name], params, x, y)[1] < REWARM_BELOW_S for name in names}
-    times: dict[str, list[float]] = {name: [] for name in names}
+    times: dict[str, dict[str, list[float]]] = {name: {} for name in programs}
     for r in range(repeats):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            if quick[name]:
-                timed(fns[name], params, x, y)
-            times[name].append(timed(fns[name], params, x, y)[1])
+        for name, quantities in time_gradients(programs, 1).items():
+            for quantity, ts in quantities.items():
+                times[name].setdefault(quantity, []).extend(ts)
         if progress is not None:
             progress(f"round {r + 1}/{repeats}")
-    fwd_median, fwd_min = statistics.median(times["forward"]), min(times["forward"])
-    for name in compiled:
-        grad_median, grad_min = statistics.median(times[name]), min(times[name])
-        entries[name] |= dict(
-            grad_s=_round(grad_median),
-            grad_min_s=_round(grad_min),
-            backward_s=_round(grad_median - fwd_median),
-            backward_min_s=_round(grad_min - fwd_min),
-            quartiles=_timing.quartiles(times[name], _DIGITS),
-        )
+    for name, quantities in times.items():
+        entries[name] |= {
+            k: v if v is None else _round(v) for k, v in ms_fields(quantities).items()
+        }
+        entries[name]["quartiles_ms"] = {
+            q: quartiles([1e3 * t for t in ts], _DIGITS) for q, ts in quantities.items()
+        }
     base = entries.get(method_names.BASELINE, {})
     for entry in entries.values():
         for suffix in ("", "_min"):
-            ratio = _ratio(entry.get(f"backward{suffix}_s"), base.get(f"backward{suffix}_s"))
+            ratio = _ratio(entry.get(f"backward{suffix}_ms"), base.get(f"backward{suffix}_ms"))
             entry[f"ratio{suffix}"] = ratio
             entry[f"speedup{suffix}"] = None if not ratio else 1.0 / ratio
-    return dict(
-        forward_s=_round(fwd_median),
-        forward_min_s=_round(fwd_min),
-        forward_compile_s=round(forward_compile, 3),
-        repeats=repeats,
-        methods=entries,
-    )
+    return dict(repeats=repeats, backward=BACKWARD, methods=entries)
 
 
 def _memory(compiled) -> dict[str, int] | None:
@@ -216,10 +196,11 @@ def crossover(rows: Sequence[dict[str, Any]], method: str = method_names.SEQUENT
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per point and method: backward (ms), ratio to BP, peak memory (MB)."""
+    """One line per point and method: the backward (its own program; median and minimum, ms),
+    its ratio to BP's, the whole gradient (ms), peak memory (MB)."""
     lines = [
         f"{'sparsity':>8} {'B':>3} {'method':<22} {'bwd ms':>9} {'min ms':>9} {'/ BP':>7} "
-        f"{'XLA peak MB':>11} {'estimate MB':>11}  note"
+        f"{'total ms':>9} {'XLA peak MB':>11} {'estimate MB':>11}  note"
     ]
     for row in rows:
         point = row["point"]
@@ -230,8 +211,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
                 note = note or f"grads vs BP {m['max_grad_diff_relative']:.1e}"
             lines.append(
                 f"{point['sparsity']:>8g} {point['batch']:>3} {name:<22} "
-                f"{_ms(m.get('backward_s')):>9} {_ms(m.get('backward_min_s')):>9} "
-                f"{_x(m.get('ratio')):>7} {_mb(peak):>11} "
+                f"{_ms(m.get('backward_ms')):>9} {_ms(m.get('backward_min_ms')):>9} "
+                f"{_x(m.get('ratio')):>7} {_ms(m.get('total_ms')):>9} {_mb(peak):>11} "
                 f"{_mb(m.get('estimate_bytes')):>11}  {note}"
             )
     return "\n".join(lines)
@@ -251,8 +232,8 @@ def _round(value: float) -> float:
     return round(value, _DIGITS)
 
 
-def _ms(seconds) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.2f}"
+def _ms(ms) -> str:
+    return "-" if ms is None else f"{ms:.2f}"
 
 
 def _mb(value) -> str:
@@ -324,6 +305,7 @@ def run(
     rows = [r for r in rows if r["point"] in points]
     result = dict(
         metadata=run_metadata(config),
+        backward=BACKWARD,
         points=rows,
         crossover={
             name: crossover(rows, name) for name in methods if name != method_names.BASELINE

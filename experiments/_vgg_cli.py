@@ -8,7 +8,8 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from experiments import _cli, _methods, _vgg_jacobians, _vgg_model
+from experiments import _cli, _vgg_jacobians, _vgg_model
+from experiments.methods import OVER_LAYERS
 from results_io import methods as method_names
 
 DEFAULT_OUT = pathlib.Path("results/pruned_vgg11")
@@ -163,7 +164,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
             method_names.BLELLOCH,
             method_names.SEQUENTIAL_JACOBIANS,
         ],
-        forms=_methods.OVER_LAYERS,
+        forms=OVER_LAYERS,
         help="bp (dense JAX backward), bppsa (Auto), blelloch, blelloch-K (K parallel levels), "
         "sequential-jacobians (the sparse chain); default: all of them with K = 2",
     )
@@ -189,7 +190,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     _cli.add_methods(
         r,
         [method_names.BP, method_names.SEQUENTIAL_JACOBIANS, "blelloch-2"],
-        forms=_methods.OVER_LAYERS,
+        forms=OVER_LAYERS,
         help="as for benchmark (default: bp sequential-jacobians blelloch-2)",
     )
     r.add_argument(

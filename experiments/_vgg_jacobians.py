@@ -16,13 +16,15 @@ For each layer:
 
 Protocol: each function is compiled and called once untimed; both results are compared (the
 dense ``J^T`` must equal the analytic one, and be zero outside its pattern); then in each of
-``repeats`` rounds each is timed once, in alternating order. Medians and quartiles are kept;
+``repeats`` rounds each is timed once, right after an untimed call of itself
+(:func:`timing.interleaved`). Medians and quartiles are kept;
 ``speedup = dense / analytic``. The first call (trace, pattern construction in NumPy and
 compilation) is recorded too.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -35,8 +37,7 @@ import scipy.sparse
 
 from bppsa.jacobians import conv2d_jacobian_t, maxpool2d_jacobian_t, relu_jacobian_t
 from bppsa.models import Conv2d, MaxPool2d, ReLU
-from experiments import _timing
-from experiments._timing import timed
+from timing import interleaved, quartiles
 
 LAYERS = ("conv", "relu", "maxpool")
 TITLES = {"conv": "Conv2d(3, 64, 3, padding=1)", "relu": "ReLU", "maxpool": "MaxPool2d(2)"}
@@ -169,14 +170,7 @@ def measure(
     dense()
     dense_first = time.perf_counter() - start
     check = compare(sparse, dense)
-    times: dict[str, list[float]] = {"analytic": [], "dense": []}
-    for r in range(repeats):
-        order = ("analytic", "dense") if r % 2 == 0 else ("dense", "analytic")
-        for which in order:
-            if which == "analytic":
-                times[which].append(timed(analytic_fn, x)[1])
-            else:
-                times[which].append(timed(dense)[1])
+    times = interleaved({"analytic": functools.partial(analytic_fn, x), "dense": dense}, repeats)
     pattern = sparse.pattern
     n_in, n_out = pattern.shape
     medians = {k: statistics.median(v) for k, v in times.items()}
@@ -194,7 +188,7 @@ def measure(
         analytic_s=round(medians["analytic"], _DIGITS),
         dense_s=round(medians["dense"], _DIGITS),
         speedup=medians["dense"] / medians["analytic"] if medians["analytic"] > 0 else None,
-        quartiles={k: _timing.quartiles(v, _DIGITS) for k, v in times.items()},
+        quartiles={k: quartiles(v, _DIGITS) for k, v in times.items()},
         analytic_first_call_s=round(analytic_first, 4),
         dense_first_call_s=round(dense_first, 4),
         repeats=repeats,

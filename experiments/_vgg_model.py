@@ -20,7 +20,7 @@ import optax
 
 import bppsa
 from bppsa.models import Chain, Conv2d, Flatten, Linear, MaxPool2d, ReLU, magnitude_prune, vgg11
-from experiments import _methods
+from experiments import methods
 
 # The widths of bppsa.models.vgg11 ("M": a 2x2 max pooling), for the reduced variants.
 VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
@@ -31,7 +31,7 @@ SCOPES = ("layer", "global")
 
 
 def parse_method(name: str) -> bppsa.Method:
-    """The method object of a name of :data:`experiments._methods.OVER_LAYERS`: ``bp``
+    """The method object of a name of :data:`experiments.methods.OVER_LAYERS`: ``bp``
     (``Sequential()``: JAX's dense backward), ``bppsa`` (``Auto()``), ``blelloch`` (the full
     modified Blelloch scan over the layers), ``blelloch-K`` (``Blelloch(levels=K)``: K parallel
     levels, a linear scan between) and ``sequential-jacobians`` (``SequentialScan()``:
@@ -40,7 +40,7 @@ def parse_method(name: str) -> bppsa.Method:
     Raises:
         ValueError: an unknown name, or a method that has no backward over layers.
     """
-    return _methods.parse_method(name, _methods.OVER_LAYERS)
+    return methods.parse_method(name, methods.OVER_LAYERS)
 
 
 def describe(name: str) -> str:

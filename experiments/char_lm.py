@@ -54,9 +54,16 @@ from bppsa.data.text import TextError
 from experiments import _char_lm_config as configs
 from experiments import _char_lm_runs as runs
 from experiments import _cli, _report
+from experiments._char_lm_config import CELLS, Config
 from experiments._char_lm_fixture import TOP as FIXTURE_TOP
 from experiments._char_lm_fixture import write_fixture
-from experiments._records import ResultsFolderError
+from experiments._char_lm_runs import CONFIG, load_corpus
+from experiments._records import ResultsFolderError, load_checkpoint
+from experiments._training import CHECKPOINT
+
+# What a tool reading a run's folder needs (benchmarks.newton_lm): the configuration, its file
+# and cells, the corpus, and each method's checkpoint.
+__all__ = ["CELLS", "CHECKPOINT", "CONFIG", "Config", "load_checkpoint", "load_corpus", "main"]
 
 DEFAULT_OUT = pathlib.Path("results/char_lm")
 SYNTHETIC_NOTE = "SYNTHETIC fixture (invented words in the Shakespeare layout), NOT Shakespeare"
@@ -78,7 +85,7 @@ _OPTIONS = (
     ("--sample-length", _cli.positive_int, "characters sampled at each evaluation"),
     ("--final-sample-length", _cli.positive_int, "characters sampled at the end"),
     ("--temperature", _cli.positive_float, "sampling temperature"),
-    ("--forward-every", _cli.positive_int, "time the forward alone every N iterations"),
+    ("--forward-every", _cli.positive_int, "time the forward and the backward every N iterations"),
     ("--seed", _cli.non_negative_int, "init, batch order, validation windows, samples"),
 )
 
@@ -108,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         help=f"folder or tar archive of text (default {runs.DEFAULT_DATA}, `make shakespeare`)",
     )
-    parser.add_argument("--cell", choices=configs.CELLS, help="the cell (default diagonal-gru)")
+    parser.add_argument("--cell", choices=CELLS, help="the cell (default diagonal-gru)")
     for flag, kind, text in _OPTIONS:
         parser.add_argument(flag, type=kind, help=text)
     parser.add_argument(
@@ -129,7 +136,7 @@ def _preset(args: argparse.Namespace) -> configs.Preset:
     return configs.PRESETS["gpu" if args.gpu else "smoke" if args.smoke else "quick"]
 
 
-def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> configs.Config:
+def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
     """The preset's configuration with the options given; errors name the argument."""
     base = _preset(args).config
     if args.dry_run:
@@ -182,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not (data / FIXTURE_TOP).exists():
             write_fixture(data)
     try:
-        corpus = runs.load_corpus(data or runs.DEFAULT_DATA)
+        corpus = load_corpus(data or runs.DEFAULT_DATA)
     except (FileNotFoundError, TextError, ValueError) as error:
         parser.error(f"argument --data: {error}")
     try:

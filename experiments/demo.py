@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         f"3. Speed sweeps ({preset.sweep.iterations} iterations per point and method; medians; "
-        "backward = value_and_grad - forward):"
+        "forward and backward each its own program):"
     )
     rows = rnn_synthetic.sweep(points, sweep_config, methods, args.out / "sweep", overwrite=True)
     print(_report.sweep_table(rows))

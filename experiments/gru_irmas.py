@@ -8,8 +8,9 @@ features), M (517 x 24) and L (1034 x 12); features are cached under ``--cache-d
 
 Commands:
     breakdown  Fig. 9: for every variant and batch size (16, 32, 64), the medians over
-               ``--repeats`` interleaved rounds of the forward, the forward overhead of building
-               the Jacobians, and BPPSA's and BP's backward (see experiments/_irmas_breakdown.py);
+               ``--repeats`` interleaved rounds of BP's and BPPSA's gradient, its forward and
+               its backward, and of building the Jacobians, each its own program (see
+               experiments/_irmas_breakdown.py);
     train      Fig. 13: trains BP and BPPSA in lockstep on the same batches for every variant
                at batch 16, logging loss and wall-clock per iteration and the training-set loss
                and accuracy at the end of every epoch;

@@ -9,7 +9,8 @@ Commands:
                 sequential sparse chain; symbolic (patterns only), B = 1 at 32x32;
     jacobians   Table 1: time to generate the transposed Jacobians of the first Conv2d, ReLU and
                 MaxPool2d analytically vs by ``jax.jacrev`` (dense), checked equal;
-    benchmark   measured backward (grad - forward) of sparse BPPSA (``bppsa``, ``blelloch-2``,
+    benchmark   the measured backward (its own program: the pullback of a ``jax.vjp``), with the
+                whole gradient and its forward, of sparse BPPSA (``bppsa``, ``blelloch-2``,
                 ``blelloch``, ``sequential-jacobians``) vs JAX's dense backward (``bp``) over
                 pruning sparsity x batch size, with XLA's peak memory and the library's
                 estimate, and where the sparse chain stops beating BP;

@@ -45,10 +45,11 @@ import optax
 import bppsa
 from bppsa.data import Bitstreams
 from bppsa.models import SequenceClassifier
-from experiments import _cli, _methods, _report
+from experiments import _cli, _report
 from experiments._records import ResultsFolderError
 from experiments._sweep import compare, run_sweep
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
+from experiments.methods import SEQUENTIAL_FORWARD, describe, parse_method
 from results_io import methods as method_names
 
 NUM_CLASSES = 10
@@ -68,7 +69,8 @@ class Config:
         num_samples, train_fraction, seed: the data (see :class:`bppsa.data.Bitstreams`); the
             seed also initializes the parameters.
         iterations, epochs: run length; ``iterations`` wins when both are set.
-        forward_every: time the forward alone every this many iterations.
+        forward_every: time the forward and the backward, each its own program, every this
+            many iterations.
         eval_samples: test samples evaluated at the end of every epoch and of the run
             (0: no evaluation).
     """
@@ -77,7 +79,7 @@ class Config:
     batch: int = 16
     hidden: int = 20
     lr: float = 1e-5
-    forward: str = _methods.SEQUENTIAL_FORWARD
+    forward: str = SEQUENTIAL_FORWARD
     num_samples: int = 50_000
     train_fraction: float = 0.64
     seed: int = 0
@@ -122,8 +124,8 @@ PRESETS = {
     # The paper's sizes. Fig. 7's run length is the artifact's default of 50 epochs (its grid
     # script takes the epochs as an argument that is not recorded); the sweep times are
     # per-iteration averages over an epoch in the paper, so each point runs one epoch. The
-    # forward alone is timed on every 10th iteration (hundreds of samples per point) to keep
-    # the extra calls from doubling the forward work of these long runs.
+    # forward and the backward alone are timed on every 10th iteration (hundreds of samples per
+    # point) to keep the extra calls from doubling the work of these long runs.
     "paper": Preset(
         "paper",
         train=Config(epochs=50.0, eval_samples=18_000, forward_every=10),
@@ -208,7 +210,7 @@ def make_trainers(
         methods,
         out_dir,
         identity,
-        resolved=lambda name: _methods.describe(
+        resolved=lambda name: describe(
             name, config.length, config.hidden, batch=config.batch, element=config.hidden
         ),
         forward=config.forward,
@@ -299,8 +301,8 @@ def sweep(
     # Auto()'s choice depends on T and B, so it differs between points (each run records its own).
     resolved = {
         name: "Auto() -> its choice per point"
-        if isinstance(_methods.parse_method(name), bppsa.Auto)
-        else _methods.describe(name, config.length, config.hidden)
+        if isinstance(parse_method(name), bppsa.Auto)
+        else describe(name, config.length, config.hidden)
         for name in methods
     }
     identity = dataclasses.asdict(config) | dict(methods=list(methods), resolved=resolved)
@@ -345,7 +347,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--forward-every",
         type=_cli.positive_int,
-        help="time the forward alone every N iterations (default 1)",
+        help="time the forward and the backward, each its own program, every N iterations "
+        "(default 1)",
     )
     _cli.add_results(common, DEFAULT_OUT)
 

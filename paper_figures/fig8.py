@@ -27,6 +27,7 @@ from results_io import read_points
 
 SWEEP_LOG = "sweep.jsonl"
 UPDATE_ALPHA = 0.35
+PULLBACK = "pullback"  # a point's "backward": each phase timed as its own program
 
 
 def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:
@@ -123,6 +124,25 @@ def _resolved(m: dict) -> bool:
     return m.get("backward_s") is None or m.get("backward_resolved", True)
 
 
+def _pullback(row: dict) -> bool:
+    """Whether a point's forward and backward are each their own program (the forward of
+    ``jax.vjp`` and its pullback, every phase its own median), not ``grad - forward``."""
+    return row.get("backward") == PULLBACK
+
+
+def _parts(row: dict, m: dict) -> tuple[float, float, float] | None:
+    """A method's forward, backward and update (seconds) at a point, or ``None``: each its own
+    program's median in a pullback file; in an older file, the one standalone forward, grad -
+    forward, and the rest of the iteration."""
+    if _pullback(row):
+        parts = (m.get("forward_s"), m.get("backward_s"), m.get("update_s"))
+        return None if not m or any(v is None for v in parts) else parts
+    if not m or row["forward_s"] is None or m.get("backward_s") is None or not _resolved(m):
+        return None
+    update = max(m["step_s"] - row["forward_s"] - m["backward_s"], 0.0)
+    return row["forward_s"], m["backward_s"], update
+
+
 def _breakdown(ax, x, points, methods):
     """Stacked forward / backward / update per method, normalized by BP's iteration."""
     width = 0.8 / max(len(methods), 1)
@@ -133,12 +153,13 @@ def _breakdown(ax, x, points, methods):
         for row in points:
             base = row["methods"].get(method_names.BASELINE, row["methods"][method])["step_s"]
             m = row["methods"].get(method, {})
-            if not m or row["forward_s"] is None or m.get("backward_s") is None or not _resolved(m):
+            parts = _parts(row, m)
+            if parts is None:
                 fwd.append(np.nan), bwd.append(np.nan), upd.append(np.nan)
                 continue
-            fwd.append(row["forward_s"] / base)
-            bwd.append(m["backward_s"] / base)
-            upd.append(max(m["step_s"] - row["forward_s"] - m["backward_s"], 0.0) / base)
+            fwd.append(parts[0] / base)
+            bwd.append(parts[1] / base)
+            upd.append(parts[2] / base)
         c = _style.color(method, index)
         tops.extend(np.add(np.add(fwd, bwd), upd))
         ax.bar(
@@ -184,6 +205,19 @@ def _unresolved_note(unresolved: list[str]) -> str:
     )
 
 
+def _timing_note(points: list[dict]) -> str:
+    if all(_pullback(row) for row in points):
+        return (
+            "Forward: the forward of each method's jax.vjp; backward: its pullback on saved "
+            "residuals, its own program; update: Adam. Backward speedup = BP's backward / the "
+            "method's. "
+        )
+    return (
+        "Forward: the jitted loss alone; backward = value_and_grad - forward; update: Adam. "
+        "Backward speedup = (t_BP - t_fwd) / (t_method - t_fwd), with t = value_and_grad. "
+    )
+
+
 def _count(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
@@ -217,9 +251,8 @@ def draw(meta: dict, points: list[dict]) -> plt.Figure:
         fig,
         f"Times of each phase are medians over {span} timed training iterations per point and "
         "method (methods run in lockstep, after compilation and a warm-up call); an iteration "
-        "is the sum of its phases. Forward: the jitted loss alone; backward = value_and_grad - "
-        "forward; update: Adam. Backward speedup = (t_BP - t_fwd) / (t_method - t_fwd), with "
-        f"t = value_and_grad. {_unresolved_note(unresolved)}{_style.methods_note(names)} "
+        f"is the sum of its phases. {_timing_note(points)}"
+        f"{_unresolved_note(unresolved)}{_style.methods_note(names)} "
         f"{_style.software(meta)}.",
         _keys(methods),
     )

@@ -3,9 +3,13 @@ for the variants S, M, L (rows) and batch sizes 16, 32, 64 (columns).
 
 Reads ``breakdown.jsonl`` written by ``python -m experiments.gru_irmas breakdown``. In each
 panel, normalized by BP's forward + backward: the BPPSA bar stacks the forward (FP), BPPSA's
-backward scan and parameter gradients, and the forward overhead of building the transposed
-Jacobians (FO); the BP bar stacks the forward and BP's backward. The numbers above the bars are
+backward scan and parameter gradients, and the overhead of building the transposed Jacobians
+(FO); the BP bar stacks the forward and BP's backward. The numbers above the bars are
 milliseconds; each panel's title gives BPPSA's backward speedup ``BP bwd / (BPPSA bwd + FO)``.
+In a file whose rows say ``"backward": "pullback"`` every part is its own program (each
+gradient's forward of ``jax.vjp`` and its pullback; FO, the Jacobians built alone, is drawn
+inside BPPSA's backward, which builds them); in an older file FO and both backwards were
+differences of the totals and one standalone forward.
 
 Run: ``python -m paper_figures.fig9 results/gru_irmas/breakdown-quick [--out DIR]``; writes
 ``fig9.png`` and ``fig9.pdf`` (default folder: ``<run>/figures``).
@@ -26,6 +30,7 @@ BREAKDOWN_LOG = "breakdown.jsonl"
 VARIANTS = ("S", "M", "L")
 FO_COLOR = "#2ca02c"
 FP_COLOR = "#ff7f0e"
+PULLBACK = "pullback"  # a row's "backward": each part timed as its own program
 
 
 def load_breakdown(path: str | pathlib.Path) -> tuple[dict, dict[tuple[str, int], dict]]:
@@ -47,20 +52,51 @@ def synthetic(meta: dict) -> bool:
     return any(entry.get("synthetic") for entry in data.values())
 
 
+def _pullback(row: dict) -> bool:
+    """Whether a row's parts are each their own program (the forward of ``jax.vjp``, its
+    pullback, the Jacobians alone), not differences of the totals and a standalone forward."""
+    return row.get("backward") == PULLBACK
+
+
+def _parts(row: dict) -> dict[str, float]:
+    """The bars' parts in seconds: ``bppsa_fp``, ``scan`` and ``fo`` (BPPSA's forward, backward
+    and, inside the backward, the Jacobians), ``bp_fp`` and ``bp`` (BP's forward and backward).
+
+    In a pullback file the BPPSA backward is its own program and holds the Jacobians, timed
+    apart as ``fo`` (drawn inside the backward, not added to it); in an older file FO and the
+    scan were differences of the totals and one standalone forward, stacked."""
+    if _pullback(row):
+        fo = min(row["jacobians_s"], row["bppsa_backward_s"])
+        return dict(
+            bppsa_fp=row["bppsa_forward_s"],
+            scan=row["bppsa_backward_s"] - fo,
+            fo=fo,
+            bp_fp=row["bp_forward_s"],
+            bp=row["bp_backward_s"],
+        )
+    return dict(
+        bppsa_fp=row["forward_s"],
+        scan=max(row["bppsa_backward_s"], 0.0),
+        fo=max(row["jacobians_s"], 0.0),
+        bp_fp=row["forward_s"],
+        bp=row["bp_backward_s"],
+    )
+
+
 def _panel(ax: plt.Axes, row: dict) -> float:
     """The two stacked bars of ``row``; returns the taller one's height."""
     total = row["bp_s"]
-    fp = row["forward_s"] / total
-    fo = max(row["jacobians_s"], 0.0) / total
-    scan = max(row["bppsa_backward_s"], 0.0) / total
-    bp = row["bp_backward_s"] / total
+    part = {k: v / total for k, v in _parts(row).items()}
+    fp, scan, fo, bp = part["bppsa_fp"], part["scan"], part["fo"], part["bp"]
     hatch = _style.FORWARD_HATCH
     ax.bar(0, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white", label="FP (forward)")
     ax.bar(0, scan, 0.6, bottom=fp, color=_style.color(method_names.BPPSA), label="BPPSA backward")
     ax.bar(0, fo, 0.6, bottom=fp + scan, color=FO_COLOR, label="FO (building Jacobians)")
-    ax.bar(1, fp, 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white")
-    ax.bar(1, bp, 0.6, bottom=fp, color=_style.color(method_names.BP), label="BP backward")
-    tops = (fp + scan + fo, fp + bp)
+    ax.bar(1, part["bp_fp"], 0.6, color=FP_COLOR, hatch=hatch, edgecolor="white")
+    ax.bar(
+        1, bp, 0.6, bottom=part["bp_fp"], color=_style.color(method_names.BP), label="BP backward"
+    )
+    tops = (fp + scan + fo, part["bp_fp"] + bp)
     for x, top, seconds in zip((0, 1), tops, (row["bppsa_s"], row["bp_s"])):
         ax.annotate(
             f"{1e3 * seconds:.1f} ms",
@@ -76,7 +112,8 @@ def _panel(ax: plt.Axes, row: dict) -> float:
 
 
 def _speedup(row: dict) -> float:
-    return row["bp_backward_s"] / max(row["jacobians_s"] + row["bppsa_backward_s"], 1e-12)
+    parts = _parts(row)
+    return parts["bp"] / max(parts["fo"] + parts["scan"], 1e-12)
 
 
 def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
@@ -120,15 +157,30 @@ def draw(meta: dict, points: dict[tuple[str, int], dict]) -> plt.Figure:
     _style.finish(
         fig,
         f"Medians of {config.get('repeats', '?')} interleaved rounds per panel; normalized by "
-        "BP's forward + backward; above each bar its total in ms. bwd: BPPSA's backward speedup, "
-        "BP backward / (BPPSA backward + FO). FP: jitted loss. FO: forward keeping every state "
-        "plus every step's transposed Jacobian (bppsa.jacobians.gru_jacobian_t, all steps at "
-        "once) minus FP. BPPSA backward: bppsa.value_and_grad total - FP - FO. BP backward: "
-        "jax.grad through lax.scan total - FP. Optimizer update excluded. "
+        "BP's value_and_grad; above each bar its total in ms. bwd: BPPSA's backward speedup, "
+        f"BP backward / (BPPSA backward + FO). {_timing_note(points.values())}"
+        "Optimizer update excluded. "
         f"{_style.methods_note([method])} {_style.software(meta)}.",
         [_style.Key(handles)],
     )
     return fig
+
+
+def _timing_note(rows) -> str:
+    if all(_pullback(row) for row in rows):
+        return (
+            "Each part its own program: FP, the forward of each gradient's jax.vjp; backward, "
+            "its pullback on saved residuals; FO, every step's transposed Jacobian "
+            "(bppsa.jacobians.gru_jacobian_t, all steps at once) from the saved states, timed "
+            "alone and drawn inside BPPSA's backward, which builds them (BPPSA backward + FO: "
+            "its pullback's time). "
+        )
+    return (
+        "FP: jitted loss. FO: forward keeping every state plus every step's transposed Jacobian "
+        "(bppsa.jacobians.gru_jacobian_t, all steps at once) minus FP. BPPSA backward: "
+        "bppsa.value_and_grad total - FP - FO. BP backward: jax.grad through lax.scan total - "
+        "FP. "
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:

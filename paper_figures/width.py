@@ -138,10 +138,15 @@ def draw(runs: Sequence[dict]) -> plt.Figure:
         if unresolved
         else ""
     )
+    timed = (
+        "the jitted pullback of a jax.vjp, timed as its own program"
+        if all(run.get("backward") == "pullback" for run in runs)
+        else 'gradient minus forward in the files without "backward": "pullback"'
+    )
     caption = (
         f"{len(runs)} run(s) of benchmarks.width; each point the median over the runs of the "
-        "per-point median backward time (gradient minus forward, 5 interleaved rounds after a "
-        "warm-up), divided by T; bars: the runs' range. BP: jax.grad through lax.scan. BPPSA "
+        f"per-point median backward time ({timed}; interleaved rounds after a warm-up), "
+        "divided by T; bars: the runs' range. BP: jax.grad through lax.scan. BPPSA "
         "<method>: bppsa.grad with that method, on the cells' structured (diagonal or "
         "block-diagonal) Jacobians. Dotted: a line of slope 1 (time proportional to H) through "
         f"BP's first point.{left_out}"

@@ -2,7 +2,7 @@
 and benchmarks take, what result files key their rows by, and the labels figures give them.
 
 ==========================  ===================================================================
-name                        method (:mod:`experiments._methods` builds the object)
+name                        method (:mod:`experiments.methods` builds the object)
 ==========================  ===================================================================
 ``bp``                      back-propagation, JAX differentiating ``lax.scan``
                             (``bppsa.Sequential()``): the baseline of every comparison

@@ -76,6 +76,10 @@ def test_both_methods_train_to_the_same_losses(straight):
     assert all(r["step_s"] > 0 for r in bp + bppsa)
     summary = json.loads(lines[-1])  # the one-line summary comes last
     assert set(summary["step_s"]) == {"bp", "bppsa"}
+    # The gradient's forward and backward, each its own program's median.
+    assert summary["backward"] == "pullback"
+    for phase in ("forward_s", "backward_s"):
+        assert all(seconds > 0 for seconds in summary[phase].values())
     assert summary["max_relative_loss_difference"]["bppsa"] < RTOL
     assert summary["resolved"]["bppsa"].startswith("Auto(")
 
@@ -90,6 +94,7 @@ def test_validation_and_generated_text_are_recorded(straight):
             assert 0 < r["val_bpc"] < 8
             assert len(r["sample"]) == 16 and set(r["sample"]) <= vocabulary
     summary = read_json(run / runs.SUMMARY)
+    assert summary["backward"] == "pullback"
     for method in ("bp", "bppsa"):
         entry = summary["methods"][method]
         assert len(entry["sample"]) == 48 and set(entry["sample"]) <= vocabulary

@@ -239,16 +239,22 @@ def test_benchmark_measures_skips_over_the_limit_and_resumes(tmp_path, capsys):
     assert row["point"] == {"sparsity": 0.9, "batch": 2}
     methods = row["methods"]
     assert list(methods) == ["bp", "sequential-jacobians", "blelloch"]  # bp added first
+    assert row["backward"] == "pullback" and "forward_s" not in row
     for name in ("bp", "sequential-jacobians"):
         m = methods[name]
-        assert m["grad_s"] > 0 and m["memory"]["peak"] > 0 and m["estimate_bytes"] > 0
-        assert m["ratio"] is None or m["ratio"] > 0
+        for quantity in ("total", "forward", "backward"):  # each its own program
+            assert 0 < m[f"{quantity}_min_ms"] <= m[f"{quantity}_ms"]
+            assert set(m["quartiles_ms"][quantity]) == {"median", "q1", "q3"}
+        assert set(m["compile_s"]) == {"total", "forward", "backward"}
+        assert m["memory"]["peak"] > 0 and m["estimate_bytes"] > 0
+        assert m["ratio"] == pytest.approx(m["backward_ms"] / methods["bp"]["backward_ms"])
     assert methods["sequential-jacobians"]["max_grad_diff_relative"] < 1e-5
     assert methods["sequential-jacobians"]["ran"]  # what the traced backward reported
     assert methods["bp"]["ratio"] in (1.0, None)
     skipped = methods["blelloch"]
     assert skipped["skipped"] == "MemoryLimitError" and skipped["estimate_bytes"] > 2 << 20
     summary = json.loads((folder / "benchmark.json").read_text())
+    assert summary["backward"] == "pullback"
     crossover = summary["crossover"]["sequential-jacobians"]
     assert len(crossover["wins"] + crossover["losses"] + crossover["below_noise"]) == 1
     assert "sequential-jacobians vs dense BP" in crossover["summary"]

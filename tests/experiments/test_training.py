@@ -19,6 +19,7 @@ import itertools
 import numpy as np
 import pytest
 
+import bppsa
 import experiments._training as training
 from experiments import rnn_synthetic
 from experiments._records import load_checkpoint
@@ -62,6 +63,31 @@ def _leaves(tree):
     import jax
 
     return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def test_each_phase_is_its_own_program_with_the_trainers_method(tmp_path):
+    config = rnn_synthetic.Config(length=9, batch=4, num_samples=100, iterations=4, epochs=None)
+    config = dataclasses.replace(config, forward_every=2)
+    trainers = rnn_synthetic.make_trainers(config, ["blelloch"], tmp_path, progress=False)
+    (trainer,) = trainers.values()
+    with bppsa.trace_plans() as plans:
+        trainer.start()
+    # The gradient's forward and its backward, each compiled apart, run the trainer's method.
+    assert plans and {repr(p.backward) for p in plans if p.backward} == {"Blelloch()"}
+    trainer.run()
+    (session,) = [r for r in trainer.rows() if r["kind"] == "session"]
+    assert session["backward"] == "pullback"
+    assert set(session["compile_s"]) == {"grad", "forward", "backward", "update"}
+    for row in step_rows(trainer.rows()):
+        extra = row["iteration"] % 2 == 0  # the forward and the backward every 2nd iteration
+        assert (row["forward_s"] is not None) == extra == (row["backward_s"] is not None)
+        if extra:
+            assert row["forward_s"] > 0 and row["backward_s"] > 0
+        assert row["grad_s"] > 0 and row["update_s"] > 0
+        assert row["step_s"] == pytest.approx(row["grad_s"] + row["update_s"], abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- resume

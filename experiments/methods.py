@@ -11,14 +11,35 @@ The forward pass of the scans is chosen apart from the method: ``"sequential"`` 
 the default) or ``"newton"`` (``bppsa.Newton()``: Newton iterations on the whole trajectory,
 each a parallel scan). Only the BPPSA methods take it: ``bp`` is the reference, plain JAX
 through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
+
+:func:`bind` fixes a method, a forward and a memory limit inside a loss, for a gradient taken
+apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback, :mod:`timing`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import bppsa
+from bppsa.scan._core.options import Options, ambient
 from results_io import methods as method_names
+
+__all__ = [
+    "FORWARDS",
+    "NEWTON_FORWARD",
+    "OVER_LAYERS",
+    "OVER_TIME",
+    "SEQUENTIAL_FORWARD",
+    "bind",
+    "build",
+    "describe",
+    "forward_of",
+    "is_baseline",
+    "parse_forward",
+    "parse_method",
+]
 
 # The names the experiments take for a scan over time, and for a chain of layers.
 OVER_TIME = (
@@ -120,3 +141,44 @@ def describe(
         chosen = method.choose(length, hidden, backend, batch=batch, element=element, inputs=inputs)
         return f"{method!r} -> {chosen!r}"
     return repr(method)
+
+
+def bind(
+    loss: Callable[..., Any],
+    *,
+    method: bppsa.Method | str | None = None,
+    forward: bppsa.Newton | bppsa.AutoForward | str | None = None,
+    memory_limit: float | None = None,
+) -> Callable[..., Any]:
+    """``loss`` with every ``bppsa.scan`` and chain of layers inside it run with ``method``,
+    ``forward`` and ``memory_limit``, however it is differentiated.
+
+    ``jax.value_and_grad(bind(loss, method=m))`` is ``bppsa.value_and_grad(loss, method=m)``;
+    ``jax.vjp`` of it runs the same forward, and its pullback the same backward, also when the
+    pullback is traced apart from the forward (:class:`timing.GradientPrograms`): a scan takes
+    its options when its forward is traced, here inside ``loss``.
+
+    bppsa has no public ``vjp`` with these options yet; until it has, this reads the options
+    through the library's own context (:func:`bppsa.scan._core.options.ambient`, what
+    ``bppsa.grad`` sets), here and nowhere else in the experiments.
+
+    Args:
+        loss: ``loss(params, *args)``.
+        method, forward, memory_limit: as in :func:`bppsa.value_and_grad` (``None``: the
+            library's defaults, or those of an enclosing ``bppsa.grad``).
+
+    Returns:
+        A function with ``loss``'s signature and values.
+
+    Raises:
+        ValueError, TypeError: for an unknown method or forward, or a bad limit (before any
+            tracing).
+    """
+    options = Options.make(method, memory_limit, None, forward)
+
+    @functools.wraps(loss)
+    def bound(*args: Any, **kwargs: Any) -> Any:
+        with ambient(options):
+            return loss(*args, **kwargs)
+
+    return bound
