@@ -11,7 +11,7 @@ import json
 import pathlib
 
 import bppsa
-from experiments import _methods
+from experiments import methods
 from results_io import methods as method_names
 
 CELL_NAMES = ("rnn", "gru")
@@ -27,6 +27,10 @@ DRY_RUN.update(t_batch=2, b_length=5, h_length=5, hidden=2, repeats=1)
 MIN_ROUNDS = 2  # timed rounds a row gets even past --row-seconds (fewer only if --repeats is)
 MESSAGE_CHARS = 2000  # of an exception's text kept in the JSON (XLA's can hold whole programs)
 UNFINISHED = "the process ended (time-out or crash) while this row was being measured"
+# The value of "backward" on a result file and its rows: every backward time is the jitted
+# pullback of a jax.vjp applied to saved residuals, its own program (timing.GradientPrograms),
+# never the gradient's time minus a forward's. Readers (paper_figures, fit_profile) check it.
+BACKWARD = "pullback"
 # The names --methods takes (results_io.methods); the baseline, BP, is always measured.
 METHOD_FORMS = (
     method_names.AUTO,
@@ -75,7 +79,7 @@ def parse_method(name: str) -> bppsa.Method:
     Raises:
         ValueError: for another name, listing these.
     """
-    return _methods.parse_method(name, METHOD_FORMS)
+    return methods.parse_method(name, METHOD_FORMS)
 
 
 def write_atomically(path: pathlib.Path, payload) -> None:
@@ -87,13 +91,15 @@ def write_atomically(path: pathlib.Path, payload) -> None:
 
 def previous_run(path: pathlib.Path) -> tuple[dict, int]:
     """The rows of an earlier run written to ``path`` by configuration, and its attempts
-    (nothing when there is none or it is unreadable)."""
+    (nothing when there is none or it is unreadable). Rows without ``"backward": "pullback"``
+    (an older layout, whose backward was a difference of two programs) are measured again."""
     try:
         payload = json.loads(path.read_text())
         rows = {
             (r["cell"], r["length"], r["batch"], r["hidden"]): r
             for sweep in SWEEPS
             for r in payload.get(sweep, [])
+            if r.get("backward") == BACKWARD
         }
         return rows, int(payload.get("attempts", 1))
     except (OSError, ValueError, KeyError, TypeError):

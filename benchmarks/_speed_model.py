@@ -18,9 +18,10 @@
   anything and its parts cost what they cost alone; BP's backward over that sum is the speedup
   it then reaches. It is a measurement, not a bound: in one compiled backward the parts may
   run faster than alone (XLA fuses them with their neighbours).
-* The **HLO count** of a compiled backward: :func:`benchmarks.hlo_cost.count` of the compiled
-  gradient minus that of the compiled forward (kernels in sequence, flops, bytes), which
-  :mod:`benchmarks.fit_profile` turns into a fitted profile of this machine.
+* The **HLO count** of a compiled backward: :func:`benchmarks.hlo_cost.count` of the backward
+  program itself, the pullback applied to saved residuals (kernels in sequence, flops, bytes),
+  the program whose time stands beside it; :mod:`benchmarks.fit_profile` turns the pairs into
+  a fitted profile of this machine.
 """
 
 from __future__ import annotations
@@ -106,18 +107,15 @@ def floor_seconds(method_cost: cost.Cost | None, step_s: float, gemm_flops: floa
     return method_cost.steps * step_s + method_cost.flops / gemm_flops
 
 
-def backward_count(gradient, forward) -> dict | None:
-    """The HLO count of a compiled gradient minus its compiled forward's (``None`` if either
-    cannot be read)."""
+def backward_count(backward) -> dict | None:
+    """The HLO count of a compiled backward program (the pullback applied to saved residuals,
+    :class:`timing.GradientPrograms`), ``None`` if it cannot be read."""
     try:
-        grad_count, fwd_count = hlo_cost.count(gradient), hlo_cost.count(forward)
+        count = hlo_cost.count(backward)
     except Exception:  # the count is a report: never a reason to lose the row
         return None
     return dict(
-        steps=grad_count.steps - fwd_count.steps,
-        flops=grad_count.flops - fwd_count.flops,
-        bytes=grad_count.bytes - fwd_count.bytes,
-        unknown_loops=grad_count.unknown_loops,
+        steps=count.steps, flops=count.flops, bytes=count.bytes, unknown_loops=count.unknown_loops
     )
 
 

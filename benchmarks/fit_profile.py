@@ -12,20 +12,21 @@ program (below): elsewhere it is ``total - forward``.
 * Times: never ``total - forward``. On the H200 the standalone forward runs at half the speed of
   the forward inside a gradient, so that difference is negative in most rows. Read instead
   (medians): each method's whole gradient (a speed JSON's ``bp_total_ms`` and ``total_ms``,
-  ``benchmarks.total``'s ``bp_median_s`` / ``bppsa_median_s``, ``benchmarks.width``'s
-  ``grad_median_s``, ``direct_backward.py``'s ``*_vg_med_ms``), predicted as the sequential
+  ``benchmarks.total``'s ``bp_total_ms`` / ``bppsa_total_ms`` (``*_median_s`` in older files),
+  ``benchmarks.width``'s ``total_ms`` (``grad_median_s``), ``direct_backward.py``'s
+  ``*_vg_med_ms``), predicted as the sequential
   forward plus the method's backward; and the backward timed as its own program:
   ``direct_backward.py``'s jitted pullback of a ``jax.vjp`` (``*_bwd_med_ms``; a pullback whose
   fastest run is slower than the fastest whole gradient is an artefact of timing it alone, as BP
   at RNN B = 1 there, and is left out), and a speed JSON's ``backward_ms`` / ``bp_backward_ms``
   where the payload, the row or the method entry says ``"backward": "pullback"``
-  (:data:`PULLBACK`: the key the timing harness of issue 33 writes).
+  (:data:`PULLBACK`: the key the timing harness, :mod:`timing`, writes).
 * Costs: the library's own model (``method.cost(footprint)``, :mod:`bppsa.scan._core.cost`),
-  the one ``Auto()`` ranks methods by on accelerators, not HLO counts: a speed row's
-  ``hlo_backward`` is the compiled gradient minus the compiled standalone forward, again two
+  the one ``Auto()`` ranks methods by on accelerators, not HLO counts: in the H200's speed rows
+  ``hlo_backward`` was the compiled gradient minus the compiled standalone forward, again two
   programs (Blelloch at T = 1000 counts about 2,070 kernels there where the model counts 62:
-  the two forwards' loops differ by two kernels a step), and ``direct_backward.py`` kept no
-  counts.
+  the two forwards' loops differ by two kernels a step; newer rows count the backward program
+  itself), and ``direct_backward.py`` kept no counts.
 * Objective: ``Auto()`` uses the rates only to rank methods, and the model leaves costs out
   (BP's steps move the weights and their gradient, 46 MB a step at H = 1024 in the HLO counts
   against 20 kB in the model; a GRU step counts as an RNN step; a ``Chunked()`` step as one
@@ -167,8 +168,14 @@ def _total(payload: dict, source: str) -> list[Timing]:
         if fp is None or row.get("ran") not in METHODS:
             continue
         head = f"{source} {row['cell']} T={row['length']} B={row['batch']} H={row['hidden']}"
-        out.append(Timing(head, BP, fp, True, row["bp_median_s"]))
-        out.append(Timing(head, METHODS[row["ran"]], fp, True, row["bppsa_median_s"]))
+        for prefix, method in (("bp", BP), ("bppsa", METHODS[row["ran"]])):
+            if f"{prefix}_total_ms" in row:  # the harness's layout: each quantity its program
+                out.append(Timing(head, method, fp, True, row[f"{prefix}_total_ms"] / 1e3))
+                backward = row.get(f"{prefix}_backward_ms")
+                if backward and _pullback(payload, row, {}):
+                    out.append(Timing(head, method, fp, False, backward / 1e3))
+            else:
+                out.append(Timing(head, method, fp, True, row[f"{prefix}_median_s"]))
     return out
 
 
@@ -179,7 +186,13 @@ def _width(payload: dict, source: str) -> list[Timing]:
         head = f"{source} {row['cell']} T={row['length']} B={row['batch']} H={row['hidden']}"
         for name, entry in row["methods"].items():
             method = BP if name == "bp" else METHODS.get(entry.get("ran"))
-            if fp is not None and name != "auto" and method is not None:
+            if fp is None or name == "auto" or method is None:
+                continue
+            if "total_ms" in entry:  # the harness's layout
+                out.append(Timing(head, method, fp, True, entry["total_ms"] / 1e3))
+                if entry.get("backward_ms") and _pullback(payload, row, entry):
+                    out.append(Timing(head, method, fp, False, entry["backward_ms"] / 1e3))
+            else:
                 out.append(Timing(head, method, fp, True, entry["grad_median_s"]))
     return out
 
@@ -208,7 +221,7 @@ def timings(path: pathlib.Path) -> list[Timing]:
     rows = payload.get("rows") or [{}]
     if any(sweep in payload for sweep in SWEEPS):
         return _speed(payload, path.name)
-    if "bp_median_s" in rows[0]:
+    if "bp_median_s" in rows[0] or "bp_total_ms" in rows[0]:
         return _total(payload, path.name)
     if "methods" in rows[0]:
         return _width(payload, path.name)

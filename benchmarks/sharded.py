@@ -12,10 +12,15 @@ T steps, and P in ``--devices`` emulated CPU devices (one subprocess per P, with
 * the bytes each device receives in the exchange (from the shapes: an aggregate is
   ``B (n^2 + n)`` floats), and the collectives found in the compiled program;
 * the peak memory per device (XLA's compiled memory analysis: temporaries + outputs);
-* wall-clock medians over interleaved repeats, of the whole gradient and of the forward alone
-  (``pipelined``: ``Sharded(..., forward="pipelined")``, device after device). The P emulated
-  devices share this machine's cores (2 here), so wall-clock does NOT show the speedup of P
-  real devices; the step counts and volumes do.
+* wall-clock medians and minima over interleaved rounds (:func:`timing.time_gradients`) of
+  the three programs of each gradient (:class:`timing.GradientPrograms`): the whole gradient
+  (``total_ms``, ``jax.value_and_grad``), the forward inside it (``forward_ms``, the forward of
+  ``jax.vjp``; ``pipelined``: ``Sharded(..., forward="pipelined")``, device after device) and
+  the backward (``backward_ms``, the jitted pullback applied to saved residuals), each its own
+  program, never a difference of two (``"backward": "pullback"`` on every row); on a GPU the
+  backward's device kernel time too (``backward_kernel_ms``). The P emulated devices share
+  this machine's cores (2 here), so wall-clock does NOT show the speedup of P real devices; the
+  step counts and volumes do.
 
 Run: ``.venv/bin/python -m benchmarks.sharded`` (P = 1, 2, 4, 8; T = 1k, 10k, 100k; B = 16,
 H = 20; a few minutes) or with ``--devices``, ``--lengths``, ... Results: JSON (``--out``),
@@ -31,14 +36,13 @@ import math
 import os
 import pathlib
 import platform
-import statistics
 import subprocess
 import sys
-import time
 
 from results_io import methods as method_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+BACKWARD = "pullback"  # every backward is the pullback timed as its own program
 
 
 def critical_path(method: str, length: int, devices: int) -> int:
@@ -71,6 +75,8 @@ def worker(args) -> None:
     from jax.sharding import Mesh
 
     import bppsa
+    import timing
+    from benchmarks.speed import backward_kernel_ms
     from bppsa.models import RNN
 
     devices = len(jax.devices())
@@ -103,37 +109,28 @@ def worker(args) -> None:
         xs = (jax.random.uniform(jax.random.key(2), (args.batch, length, 1)) < 0.3).astype(
             jnp.float32
         )
-        fns = {"forward": jax.jit(batched), method_names.BP: jax.jit(jax.grad(batched))}
+        losses = {method_names.BP: batched}
         for name, method in methods.items():
-            fns[name] = jax.jit(bppsa.grad(per_example, method=method))
-            forward_only = functools.partial(per_example, scan_options=dict(method=method))
-            fns[f"{name}/forward"] = jax.jit(forward_only)
-        compiled = {name: fn.lower(params, xs).compile() for name, fn in fns.items()}
-        for fn in fns.values():
-            jax.block_until_ready(fn(params, xs))
-        times = {name: [] for name in fns}
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                start = time.perf_counter()
-                jax.block_until_ready(fn(params, xs))
-                times[name].append(time.perf_counter() - start)
+            losses[name] = functools.partial(per_example, scan_options=dict(method=method))
+        programs = {
+            name: timing.GradientPrograms.from_loss(loss, params, xs)
+            for name, loss in losses.items()
+        }
+        times = timing.time_gradients(programs, args.repeats)
         row = dict(devices=devices, length=length, batch=args.batch, hidden=hidden, methods={})
+        row["backward"] = BACKWARD
         exchange = {
             method_names.BP: method_names.BP,
             "all_gather": "all_gather",
             "ppermute": "ppermute",
         }
         exchange["pipelined"] = "all_gather"
-        for name in (method_names.BP, *methods):
-            own_forward = times.get(f"{name}/forward", times["forward"])
-            memory = compiled[name].memory_analysis()
-            hlo = compiled[name].as_text()
-            total = statistics.median(times[name])
+        for name, program in programs.items():
+            memory = program.total.memory_analysis()
+            hlo = program.total.as_text()
             row["methods"][name] = dict(
-                total_ms=1e3 * total,
-                min_ms=1e3 * min(times[name]),
-                forward_ms=1e3 * statistics.median(own_forward),
-                backward_ms=1e3 * (total - statistics.median(own_forward)),
+                **timing.ms_fields(times[name]),
+                backward_kernel_ms=backward_kernel_ms(program),
                 critical_path_backward=critical_path(exchange[name], length, devices),
                 critical_path_total=critical_path(exchange[name], length, devices) + length,
                 exchange_bytes_received=exchange_bytes(exchange[name], devices, args.batch, hidden),
@@ -147,7 +144,8 @@ def worker(args) -> None:
 
 def print_row(row) -> None:
     parts = [
-        f"{name}: {m['total_ms']:8.1f} ms (fwd {m['forward_ms']:7.1f}), "
+        f"{name}: {m['total_ms']:8.1f} ms (fwd {m['forward_ms']:7.1f}, "
+        f"bwd {m['backward_ms']:7.1f}), "
         f"path {m['critical_path_backward']:>6}, "
         f"recv {m['exchange_bytes_received'] / 1e3:6.1f} kB, "
         f"peak {m['peak_bytes_per_device'] / 1e6:7.1f} MB"
@@ -177,6 +175,7 @@ def main(argv=None) -> None:
         machine=platform.processor() or platform.machine(),
         cpus=os.cpu_count(),
         note="emulated CPU devices share the machine's cores: wall-clock is not a speedup",
+        backward=BACKWARD,
         rows=[],
     )
     for devices in args.devices:

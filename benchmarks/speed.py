@@ -1,34 +1,49 @@
-"""Speed of BPPSA's backward pass against back-propagation (jax.grad through lax.scan).
+"""Speed of BPPSA's gradient against back-propagation (jax.grad through lax.scan), every part of
+the gradient timed as its own program.
 
 For the paper's classifiers (input 1, hidden H, linear head on the last state), over a T sweep at
-B = 16, a B sweep at T = 1000 and, with ``--hiddens``, an H sweep, times in ONE process,
-interleaved (every variant once per round, so that load on a shared machine hits all alike),
-medians after a warm-up call:
+B = 16, a B sweep at T = 1000 and, with ``--hiddens``, an H sweep, in ONE process, with the
+timing harness (:mod:`timing`: every program once per round, each timed call right after an
+untimed call of itself, so that load on a shared machine hits all alike; medians and minima over
+the rounds), for
 
-* forward only (the loss through a batched ``lax.scan``);
-* BP: ``jax.grad`` of that loss;
-* BPPSA: ``bppsa.grad`` of the same loss written the intended way (a ``bppsa.scan`` over one
-  example, ``jax.vmap``-ed over the batch) with each method.
+* BP: the loss through a batched ``lax.scan``, differentiated by JAX;
+* BPPSA: the same loss written the intended way (a ``bppsa.scan`` over one example,
+  ``jax.vmap``-ed over the batch), with each method bound in the scan;
 
-Backward time = total - forward (as in the paper); speedups are BP over BPPSA. Also reported:
-the scan's modelled work and achieved GFLOP/s next to a large matrix product's GFLOP/s measured
-in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's
-peak temporary memory of each compiled gradient, and the minor page faults per call (glibc
-maps the temporary buffers of some calls anew, depending on the process's allocation history;
-its ``MALLOC_*`` environment variables change that, and the times with it). For the cells
-with structured Jacobians, the two parts of a parallel backward are timed alone in the same
-rounds (:mod:`benchmarks._speed_model`): the chain (the sequential scan of ``T`` dependent steps)
-and the steps' VJP w.r.t. the parameters over ``Auto()``'s blocks; against their sum, a
-method's backward shows what it adds to its parts, and BP's backward over the sum is the
-speedup such a backward reaches when its parts cost what they cost alone.
+three programs each (:class:`timing.GradientPrograms`): the whole gradient (``total``,
+``jax.value_and_grad``), the forward as it runs inside it (``forward``, the forward of
+``jax.vjp``: the loss and the residuals) and the backward (``backward``, the jitted pullback
+applied to saved residuals). No time is a difference of two programs: the file and every row say
+so with ``"backward": "pullback"``. Speedups are BP's over the method's: of the backward,
+``bp_backward_ms / backward_ms``; overall, ``bp_total_ms / total_ms``. On a GPU, every backward's
+device kernel time from the profiler (``backward_kernel_ms``) cross-checks the pullback timed
+alone (on an H200, BP's pullback alone took longer than its whole gradient).
 
-Each function is compiled once per configuration, ahead of time (names whose method runs the
-same backward share one compilation). A method whose memory estimate exceeds the device's memory
-(``bppsa.MemoryLimitError``, raised when it is traced) is recorded as skipped with the reason;
-any other exception is recorded in its method or its row, and the run goes on. The JSON is
-rewritten atomically around every row (the row being measured is there as ``"unfinished"``), so
-a time-out or a crash keeps what was measured; ``--resume`` keeps an earlier run's rows and
-measures the rest. ``--dry-run`` runs the same grids with tiny sizes, in seconds, anywhere.
+Also reported: the standalone forward (``standalone_forward_ms``: the jitted loss through the
+batched ``lax.scan``, no residuals kept; NOT the forward inside any gradient: on an H200 it ran
+about twice as long per step, see :mod:`benchmarks.forward_programs`), the scan's modelled
+work and the rate it achieved in the backward next to a large matrix product's GFLOP/s measured
+in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's peak
+temporary memory of each compiled gradient, and the minor page faults per gradient call
+(counted over a few calls after the timed rounds: glibc maps the temporary buffers of some calls
+anew, depending on the process's allocation history; its ``MALLOC_*`` environment variables
+change that, and the times with it). For the cells with structured Jacobians, the two parts of a
+parallel backward are timed alone in the same rounds (:mod:`benchmarks._speed_model`): the chain
+(the sequential scan of ``T`` dependent steps) and the steps' VJP w.r.t. the parameters over
+``Auto()``'s blocks; against their sum, a method's backward shows what it adds to its parts, and
+BP's backward over the sum is the speedup such a backward reaches when its parts cost what they
+cost alone. The HLO count of every backward program (kernels in sequence, flops, bytes) and its
+time on the CPU profile stand beside its measured time.
+
+The programs are compiled once per configuration, ahead of time (names whose method runs the
+same backward share one compilation and one measurement). A method whose memory estimate exceeds
+the device's memory (``bppsa.MemoryLimitError``, raised when it is traced) is recorded as skipped
+with the reason; any other exception is recorded in its method or its row, and the run goes on.
+The JSON is rewritten atomically around every row (the row being measured is there as
+``"unfinished"``), so a time-out or a crash keeps what was measured; ``--resume`` keeps an
+earlier run's rows (those with ``"backward": "pullback"``) and measures the rest. ``--dry-run``
+runs the same grids with tiny sizes, in seconds, anywhere.
 
 Run: ``.venv/bin/python -m benchmarks.speed --quick`` (a few minutes on 2 cores) or without
 ``--quick`` for the full grids; ``benchmarks/gpu.sh`` on a GPU. Results: JSON (``--out``) and a
@@ -38,6 +53,7 @@ printed table.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import math
 import os
@@ -52,8 +68,10 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
+import timing
 from benchmarks import _speed_model
 from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's interface)
+    BACKWARD,
     DRY_RUN,
     FULL_B,
     FULL_T,
@@ -70,14 +88,17 @@ from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's 
     write_atomically,
 )
 from benchmarks._speed_cli import parse_args as _parse_args
+from benchmarks._speed_rows import empty_row, print_row
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
 from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
 BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured
+STANDALONE = "standalone_forward"  # BP's loss alone, jitted: not the forward of a gradient
 CHAIN = "chain"  # the sequential scan over the cell's Jacobians (see benchmarks._speed_model)
 PARTS = "parts"  # the steps' VJP w.r.t. the parameters, over blocks (see benchmarks._speed_model)
+FAULT_CALLS = 3  # gradient calls whose minor page faults are counted, after the timed rounds
 
 
 def problem(cell, length, batch, hidden, seed=0):
@@ -88,18 +109,27 @@ def problem(cell, length, batch, hidden, seed=0):
     return params, head, xs
 
 
-def losses(cell, hidden):
-    def batched(params, head, xs):  # the baseline: one lax.scan over a batched state
+def losses(cell, hidden, method=None, memory_limit=None):
+    """``(batched, per_example)``, two losses ``(params, head, xs) -> scalar`` of the same value:
+    the baseline's one ``lax.scan`` over a batched state, and the intended BPPSA usage, a
+    ``bppsa.scan`` over one example ``jax.vmap``-ed over the batch, whose backward runs
+    ``method`` within ``memory_limit`` (bound here: a gradient's programs are traced apart)."""
+
+    def batched(params, head, xs):
         state = jax.vmap(lambda _: cell.initial_state(hidden))(xs)
         state, _ = jax.lax.scan(
             lambda s, x: (cell(params, s, x), None), state, jnp.swapaxes(xs, 0, 1)
         )
         return jnp.sum(cell.output(state) @ head)
 
-    def per_example(params, head, xs):  # the intended BPPSA usage: vmap a one-example scan
+    def per_example(params, head, xs):
         def one(x):
             state, _ = bppsa.scan(
-                lambda s, x_t: (cell(params, s, x_t), None), cell.initial_state(hidden), x
+                lambda s, x_t: (cell(params, s, x_t), None),
+                cell.initial_state(hidden),
+                x,
+                method=method,
+                memory_limit=memory_limit,
             )
             return cell.output(state) @ head
 
@@ -126,24 +156,17 @@ def scan_work(method: bppsa.Method, length: int, batch: int, hidden: int) -> flo
     return matvec
 
 
-def gemm_rate(size: int, repeats: int = 5) -> float | None:
-    """GFLOP/s of a ``size x size`` float32 matrix product (``None`` if it fails)."""
+def gemm_rate(size: int, repeats: int = 5, precision: str | None = "highest") -> float | None:
+    """GFLOP/s of a ``size x size`` float32 matrix product (``None`` if it fails), at
+    ``precision``: ``"highest"``, the library's own products' (on recent NVIDIA GPUs the float32
+    units), or ``None``, JAX's default (TF32 there)."""
     try:
-        return _gemm_rate(size, repeats)
+        a = jnp.ones((size, size), jnp.float32)
+        product = functools.partial(jax.jit(lambda a: jnp.matmul(a, a, precision=precision)), a)
+        seconds = timing.interleaved({"gemm": product}, repeats)["gemm"]
+        return 2 * size**3 / statistics.median(seconds) / 1e9
     except Exception:  # a reference figure: no reason to lose the run
         return None
-
-
-def _gemm_rate(size: int, repeats: int) -> float:
-    a = jnp.ones((size, size), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
-    jax.block_until_ready(f(a))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(a))
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times) / 1e9
 
 
 def peak_bytes(compiled) -> int | None:
@@ -162,51 +185,37 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def faults_per_call(call, calls: int = FAULT_CALLS) -> float:
+    """The median of the minor page faults of ``calls`` calls of ``call``, each waited for."""
+    counts = []
+    for _ in range(calls):
+        before = minor_faults()
+        jax.block_until_ready(call())
+        counts.append(minor_faults() - before)
+    return statistics.median(counts)
+
+
+def backward_kernel_ms(programs: timing.GradientPrograms) -> float | None:
+    """The device's kernel time of one backward call, on a GPU (``None`` elsewhere)."""
+    if jax.default_backend() != "gpu":
+        return None
+    seconds = timing.kernel_seconds(programs.backward, programs.pullback, programs.cotangent)
+    return None if seconds is None else 1e3 * seconds
+
+
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:MESSAGE_CHARS]
 
 
-def empty_row(config: Config, methods, status: str = "ok", error: str | None = None) -> dict:
-    """A row with every key (``None`` where nothing was measured)."""
-    blank = dict(total_ms=None, backward_ms=None, backward_speedup=None, overall_speedup=None)
-    blank.update(runs=None, scan_gflop=None, achieved_gflops=None, peak_bytes=None)
-    blank.update(total_min_ms=None, backward_min_ms=None, floor_ms=None, model_ms=None)
-    blank.update(hlo_backward=None, page_faults=None)
-    return dict(
-        cell=config.cell,
-        length=config.length,
-        batch=config.batch,
-        hidden=config.hidden,
-        status=status,
-        error=error,
-        seconds=None,
-        rounds=0,
-        forward_ms=None,
-        forward_min_ms=None,
-        bp_total_ms=None,
-        bp_total_min_ms=None,
-        bp_backward_ms=None,
-        bp_backward_min_ms=None,
-        bp_floor_ms=None,
-        bp_model_ms=None,
-        bp_hlo_backward=None,
-        chain_ms=None,
-        chain_min_ms=None,
-        parts_ms=None,
-        parts_min_ms=None,
-        parts_block=None,
-        parts_sum_ms=None,
-        parts_sum_min_ms=None,
-        bp_over_parts=None,
-        bp_peak_bytes=None,
-        bp_page_faults=None,
-        compile_s={},
-        methods={name: dict(status=status, error=error, **blank) for name in methods},
-    )
-
-
 def measure(
-    config: Config, methods, repeats, *, seconds=None, memory_limit=None, gemm_gflops=None
+    config: Config,
+    methods,
+    repeats,
+    *,
+    seconds=None,
+    memory_limit=None,
+    gemm_gflops=None,
+    clock=time.perf_counter,
 ) -> dict:
     """Times one configuration; failures are recorded in the row, never raised.
 
@@ -216,105 +225,96 @@ def measure(
         repeats: timed rounds at most.
         seconds: stop the rounds when the next would end past this many seconds (after
             ``MIN_ROUNDS``); ``None``: no budget.
-        memory_limit: ``bppsa.grad``'s (``None``: the device's available memory).
+        memory_limit: the scans' (``None``: the device's available memory).
         gemm_gflops: the large matrix product's rate measured in this run (for the floors).
+        clock: the clock of the timed rounds (:func:`timing.interleaved`); a test passes a
+            fake one.
     """
     row, start = empty_row(config, methods), time.perf_counter()
     try:
-        _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops)
+        _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops, clock)
     except Exception as error:  # the baseline itself failed: nothing of this row is usable
         row.update(status="error", error=describe(error))
     row["seconds"] = time.perf_counter() - start
     return row
 
 
-def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
+def _compiled(fn, args, compile_s, name):
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s[name] = time.perf_counter() - start
+    return compiled
+
+
+def _ran(loss, args) -> bppsa.Method | None:
+    """The concrete method the backward of ``loss`` runs (traced, not compiled)."""
+    with bppsa.trace_plans() as plans:
+        jax.eval_shape(jax.value_and_grad(loss), *args)
+    backwards = [plan.backward or plan.method for plan in plans]
+    return backwards[-1] if backwards else None
+
+
+def _checked(programs: timing.GradientPrograms) -> timing.GradientPrograms:
+    """``programs``, after one call of each (the forward ran when they were built): a program
+    that fails to run is a method's error, not the row's."""
+    for call in programs.calls().values():
+        jax.block_until_ready(call())
+    return programs
+
+
+def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops, clock):
     cell = CELLS[config.cell]
     args = problem(cell, config.length, config.batch, config.hidden)
-    args_of = {}
-    batched, per_example = losses(cell, config.hidden)
-
-    def compile_(fn, name):
-        start = time.perf_counter()
-        compiled = jax.jit(fn).lower(*args).compile()
-        row["compile_s"][name] = time.perf_counter() - start
-        return compiled
-
-    fns = {"forward": compile_(batched, "forward"), BP: compile_(jax.grad(batched), BP)}
+    batched, _ = losses(cell, config.hidden)
+    compile_s = row["compile_s"]
+    programs = {BP: _checked(timing.GradientPrograms.from_loss(batched, *args))}
+    compile_s[BP] = dict(programs[BP].compile_seconds)
+    standalone = _compiled(batched, args, compile_s, STANDALONE)
+    others = {STANDALONE: functools.partial(standalone, *args)}
     chain = _speed_model.chain(config.cell, config.length, config.batch, config.hidden)
     fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
     if chain is not None:  # the sequential part no T-step method avoids: the floors' step time
-        fns[CHAIN], args_of[CHAIN] = chain
+        others[CHAIN] = functools.partial(chain[0], *chain[1])
         parallel = bppsa.Auto().for_footprint(fp, parallel=True)
         row["parts_block"] = getattr(parallel, "block", config.length)
-        fns[PARTS], args_of[PARTS] = _speed_model.parts(
+        parts, parts_args = _speed_model.parts(
             cell, config.length, config.batch, config.hidden, row["parts_block"]
         )
-    by_runs, runs_of = {}, {}  # compilations by the method that runs; what each name runs
+        others[PARTS] = functools.partial(parts, *parts_args)
+    by_runs, runs_of, timed_as = {}, {}, {}  # by the method that runs; what each name runs
     for name, method in methods.items():
         entry = row["methods"][name]
         try:
-            start = time.perf_counter()
-            with bppsa.trace_plans() as plans:
-                fn = bppsa.grad(per_example, method=method, memory_limit=memory_limit)
-                lowered = jax.jit(fn).lower(*args)
-            runs = (plans[-1].backward or plans[-1].method) if plans else method
+            _, loss = losses(cell, config.hidden, method, memory_limit)
+            runs = _ran(loss, args) or method
             if runs not in by_runs:
-                by_runs[runs] = lowered.compile()
-            fns[name], runs_of[name] = by_runs[runs], runs
-            row["compile_s"][name] = time.perf_counter() - start
-            entry.update(runs=repr(runs), peak_bytes=peak_bytes(fns[name]))
+                programs[name] = _checked(timing.GradientPrograms.from_loss(loss, *args))
+                by_runs[runs] = name
+            timed_as[name], runs_of[name] = by_runs[runs], runs
+            compile_s[name] = dict(programs[timed_as[name]].compile_seconds)
+            entry.update(runs=repr(runs), peak_bytes=peak_bytes(programs[timed_as[name]].total))
         except bppsa.MemoryLimitError as error:
             entry.update(status="skipped", error=describe(error))
         except Exception as error:
             entry.update(status="error", error=describe(error))
 
-    faults = {name: [] for name in fns}
-
-    def call(name):  # seconds of one call; a method that fails is recorded and dropped
-        faults_before, start = minor_faults(), time.perf_counter()
-        try:
-            jax.block_until_ready(fns[name](*args_of.get(name, args)))
-        except Exception as error:
-            if name in ("forward", BP, CHAIN, PARTS):
-                raise
-            row["methods"][name].update(status="error", error=describe(error))
-            del fns[name]
-            return None
-        elapsed = time.perf_counter() - start
-        faults[name].append(minor_faults() - faults_before)
-        return elapsed
-
-    for name in list(fns):  # warm-up
-        call(name)
-    for counts in faults.values():
-        counts.clear()
-    times = {name: [] for name in fns}
-    started = time.perf_counter()
-    for rounds in range(1, repeats + 1):
-        for name in list(fns):
-            if (elapsed := call(name)) is not None:
-                times[name].append(elapsed)
-        row["rounds"] = rounds
-        spent = time.perf_counter() - started
-        if seconds is not None and rounds >= MIN_ROUNDS and spent * (rounds + 1) / rounds > seconds:
-            break
-    forward, bp = (statistics.median(times[name]) for name in ("forward", BP))
-    forward_min, bp_min = (min(times[name]) for name in ("forward", BP))
-    row.update(forward_ms=1e3 * forward, bp_total_ms=1e3 * bp, bp_backward_ms=1e3 * (bp - forward))
-    row.update(forward_min_ms=1e3 * forward_min, bp_total_min_ms=1e3 * bp_min)
-    row["bp_backward_min_ms"] = 1e3 * (bp_min - forward_min)
-    row["bp_peak_bytes"] = peak_bytes(fns[BP])
-    row["bp_page_faults"] = statistics.median(faults[BP])
+    times = timing.time_gradients(
+        programs, repeats, others=others, seconds=seconds, min_rounds=MIN_ROUNDS, clock=clock
+    )
+    row["rounds"] = len(times[BP]["total"])
+    row.update({f"bp_{key}": value for key, value in timing.ms_fields(times[BP]).items()})
+    row.update(timing.ms_fields(times[STANDALONE]))
+    row["bp_backward_kernel_ms"] = backward_kernel_ms(programs[BP])
+    row["bp_peak_bytes"] = peak_bytes(programs[BP].total)
+    row["bp_page_faults"] = faults_per_call(programs[BP].calls()["total"])
     step_s = None
     if CHAIN in times:
         for name in (CHAIN, PARTS):
-            row[f"{name}_ms"] = 1e3 * statistics.median(times[name])
-            row[f"{name}_min_ms"] = 1e3 * min(times[name])
+            row.update(timing.ms_fields(times[name]))
         row["parts_sum_ms"] = row["chain_ms"] + row["parts_ms"]
         row["parts_sum_min_ms"] = row["chain_min_ms"] + row["parts_min_ms"]
         row["bp_over_parts"] = row["bp_backward_ms"] / row["parts_sum_ms"]
-        step_s = statistics.median(times[CHAIN]) / max(config.length, 1)
+        step_s = statistics.median(times[CHAIN][CHAIN]) / max(config.length, 1)
     gemm = None if gemm_gflops is None else 1e9 * gemm_gflops
 
     def floor_ms(method):
@@ -328,77 +328,38 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops):
         return None if seconds is None else 1e3 * seconds
 
     row["bp_floor_ms"] = floor_ms(bppsa.Sequential())
-    row["bp_hlo_backward"] = _speed_model.backward_count(fns[BP], fns["forward"])
+    row["bp_hlo_backward"] = _speed_model.backward_count(programs[BP].backward)
     row["bp_model_ms"] = model_ms(row["bp_hlo_backward"])
+    measured = {}  # the cross-checks and counts of each program measured, shared by its names
     for name in methods:
-        if name not in fns:
+        if name not in timed_as:
             continue
-        total, total_min = statistics.median(times[name]), min(times[name])
-        backward = total - forward  # as measured: may sit inside the spread, even below 0
-        clear = resolved(times[name], times["forward"])
-        both = clear and resolved(times[BP], times["forward"])
+        timed = timed_as[name]
+        if timed not in measured:
+            measured[timed] = dict(
+                **timing.ms_fields(times[timed]),
+                backward_kernel_ms=backward_kernel_ms(programs[timed]),
+                hlo_backward=_speed_model.backward_count(programs[timed].backward),
+                page_faults=faults_per_call(programs[timed].calls()["total"]),
+            )
+        fields = measured[timed]
         work = scan_work(runs_of[name], config.length, config.batch, config.hidden)
-        count = _speed_model.backward_count(fns[name], fns["forward"])
+        backward_s = fields["backward_ms"] / 1e3
         row["methods"][name].update(
-            total_ms=1e3 * total,
-            total_min_ms=1e3 * total_min,
-            backward_ms=1e3 * backward,
-            backward_min_ms=1e3 * (total_min - forward_min),
-            backward_resolved=clear,
-            backward_speedup=(bp - forward) / backward if both else None,
-            overall_speedup=bp / total,
+            **fields,
+            backward_speedup=_ratio(row["bp_backward_ms"], fields["backward_ms"]),
+            overall_speedup=_ratio(row["bp_total_ms"], fields["total_ms"]),
             scan_gflop=work / 1e9,
-            achieved_gflops=work / backward / 1e9 if clear else None,
+            achieved_gflops=work / backward_s / 1e9 if backward_s > 0 else None,
             floor_ms=floor_ms(runs_of[name]),
-            hlo_backward=count,
-            model_ms=model_ms(count),
-            page_faults=statistics.median(faults[name]),
+            model_ms=model_ms(fields["hlo_backward"]),
         )
 
 
-def resolved(totals: list[float], forwards: list[float]) -> bool:
-    """Whether ``total - forward`` stands clear of the timings' spread: the lower quartile of
-    the totals above the upper quartile of the forwards (else it is recorded, not divided by)."""
-    if len(totals) < 2 or len(forwards) < 2:
-        return min(totals) > max(forwards)
-    low = statistics.quantiles(totals, n=4, method="inclusive")[0]
-    return low > statistics.quantiles(forwards, n=4, method="inclusive")[2]
-
-
-def _speedup(ratio: float | None) -> str:
-    return "x  n/r" if ratio is None else f"x{ratio:5.2f}"
-
-
-def print_row(row):
-    """One line: medians (minimum) of the backward, speedup over BP, and the model's floor."""
-    head = f"{row['cell']:<4} T={row['length']:<7} B={row['batch']:<4} H={row['hidden']:<5}"
-    if row["status"] != "ok":
-        print(f"{head} {row['status']}: {row['error'][:300]}", flush=True)
-        return
-    head += (
-        f"fwd {row['forward_ms']:8.2f}  BP bwd {row['bp_backward_ms']:8.2f} "
-        f"({row['bp_backward_min_ms']:.2f}) ms{_floor(row['bp_floor_ms'])}"
-    )
-    if row["parts_sum_ms"] is not None:
-        head += (
-            f" chain {row['chain_ms']:.2f} + parts {row['parts_ms']:.2f} ="
-            f" {row['parts_sum_ms']:.2f} ms (BP over it x{row['bp_over_parts']:.2f})"
-        )
-    parts = []
-    for name, m in row["methods"].items():
-        if m["status"] != "ok":
-            parts.append(f"{name}: {m['status']} ({m['error'][:80]})")
-            continue
-        runs = f" [{m['runs']}]" if name == method_names.AUTO else ""
-        parts.append(
-            f"{name}: bwd {m['backward_ms']:7.2f} ({m['backward_min_ms']:.2f}) ms "
-            f"{_speedup(m['backward_speedup'])}{_floor(m['floor_ms'])}{runs}"
-        )
-    print(head + "  |  " + "  |  ".join(parts), flush=True)
-
-
-def _floor(floor_ms):
-    return "" if floor_ms is None else f" floor {floor_ms:.2f}"
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
 
 
 def _versions(device) -> dict:
@@ -459,12 +420,14 @@ def main(argv=None) -> None:
         argv=argv,
         dry_run=args.dry_run,
         attempts=attempts + 1,
+        backward=BACKWARD,
         repeats=args.repeats,
         row_seconds=args.row_seconds,
         memory_limit=args.memory_limit,
         methods=list(methods),
         gemm_size=gemm,
-        gemm_gflops=gemm_rate(gemm),
+        gemm_gflops=gemm_rate(gemm),  # at the library's precision: the floors' and the fit's
+        gemm_default_gflops=gemm_rate(gemm, precision=None),
         complete=False,
         elapsed_s=None,
         **{sweep: [] for sweep in SWEEPS},

@@ -1,5 +1,6 @@
 """The speed benchmark's command line on a tiny grid: it runs, and its JSON holds what
-docs/performance.md quotes (no timing is asserted)."""
+docs/performance.md quotes (no timing is asserted); each quantity is its own program's time
+(a clock whose durations are all odd: no time is the difference of two others)."""
 
 import json
 import math
@@ -7,6 +8,7 @@ import math
 import pytest
 
 from benchmarks import speed
+from tests.benchmarks.odd_clock import QUANTITIES, OddClock, odd_seconds
 
 
 def test_tiny_grid_writes_rows_for_every_method(tmp_path):
@@ -14,21 +16,30 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     grid = ["--cells", "rnn", "--lengths", "5", "--t-batch", "2", "--batches", "--repeats", "1"]
     speed.main([*grid, "--methods", "auto", "blelloch", "chunked-2", "--out", str(out)])
     payload = json.loads(out.read_text())
+    assert payload["backward"] == "pullback"  # each backward timed as its own program
     assert payload["b_sweep"] == []
     (row,) = payload["t_sweep"]
     assert (row["cell"], row["length"], row["batch"]) == ("rnn", 5, 2)
+    assert row["backward"] == "pullback" and row["rounds"] == 1
     assert set(row["methods"]) == {"auto", "blelloch", "chunked-2"}
     assert row["methods"]["auto"]["runs"].startswith("Blocked(method=SequentialScan()")
     assert row["methods"]["chunked-2"]["runs"] == "Chunked(chunks=2)"
+    for quantity in QUANTITIES:
+        assert 0 < row[f"bp_{quantity}_min_ms"] <= row[f"bp_{quantity}_ms"]
+    assert row["bp_backward_kernel_ms"] is None  # the profiler's kernels: on a GPU only
+    assert 0 < row["standalone_forward_min_ms"] <= row["standalone_forward_ms"]
+    assert set(row["compile_s"]["bp"]) == set(QUANTITIES)
     for method in row["methods"].values():
         assert method["status"] == "ok" and method["error"] is None
-        assert method["total_ms"] > 0
-        # The backward is a difference of timings: a speedup only where it is resolved.
-        assert method["backward_ms"] == pytest.approx(method["total_ms"] - row["forward_ms"])
-        if method["backward_speedup"] is not None:
-            assert method["backward_resolved"] and math.isfinite(method["backward_speedup"])
-        assert 0 < method["total_min_ms"] <= method["total_ms"]
-        # The model beside the measurement: its floor and the compiled backward's HLO count.
+        for quantity in QUANTITIES:
+            assert 0 < method[f"{quantity}_min_ms"] <= method[f"{quantity}_ms"]
+        assert method["backward_kernel_ms"] is None
+        assert method["backward_speedup"] == pytest.approx(
+            row["bp_backward_ms"] / method["backward_ms"]
+        )
+        assert method["overall_speedup"] == pytest.approx(row["bp_total_ms"] / method["total_ms"])
+        assert method["achieved_gflops"] > 0 and "backward_resolved" not in method
+        # The model beside the measurement: its floor and the backward program's HLO count.
         assert method["floor_ms"] > 0 and method["model_ms"] > 0
         assert method["hlo_backward"]["steps"] > 0 and method["hlo_backward"]["flops"] > 0
         assert method["page_faults"] >= 0  # minor faults per call (a median)
@@ -42,22 +53,47 @@ def test_tiny_grid_writes_rows_for_every_method(tmp_path):
     assert payload["complete"] and payload["h_sweep"] == []
 
 
+def test_a_dry_run_measures_the_three_quantities_of_every_gradient(tmp_path):
+    out = tmp_path / "speed.json"
+    speed.main(
+        ["--dry-run", "--cells", "gru", "--batches", "--methods", "blelloch", "--out", str(out)]
+    )
+    payload = json.loads(out.read_text())
+    assert payload["backward"] == "pullback" and payload["complete"]
+    assert [row["length"] for row in payload["t_sweep"]] == speed.DRY_RUN["lengths"]
+    for row in payload["t_sweep"]:
+        assert row["backward"] == "pullback" and row["status"] == "ok"
+        for quantity in QUANTITIES:
+            assert row[f"bp_{quantity}_ms"] > 0
+            assert row["methods"]["blelloch"][f"{quantity}_ms"] > 0
+
+
+def test_no_time_is_a_difference_of_two_programs():
+    config = speed.Config("t_sweep", "gru", 5, 2, 2)
+    methods = {name: speed.parse_method(name) for name in ("auto", "blelloch")}
+    row = speed.measure(config, methods, 1, clock=OddClock())
+    assert row["status"] == "ok", row["error"]
+    entries = [{f"{q}_ms": row[f"bp_{q}_ms"] for q in QUANTITIES}, *row["methods"].values()]
+    for entry in entries:
+        assert all(odd_seconds(entry[f"{q}_ms"]) for q in QUANTITIES), entry
+        # total - forward, forward + backward: even, so never a quantity reported.
+        assert not odd_seconds(entry["total_ms"] - entry["forward_ms"])
+    assert odd_seconds(row["standalone_forward_ms"]) and odd_seconds(row["chain_ms"])
+    for method in row["methods"].values():
+        assert method["backward_speedup"] == row["bp_backward_ms"] / method["backward_ms"]
+        assert method["overall_speedup"] == row["bp_total_ms"] / method["total_ms"]
+
+
 def test_the_profile_is_fitted_to_a_speed_run(tmp_path, capsys):
     from benchmarks import fit_profile
 
     out = tmp_path / "speed.json"
-    grid = ["--cells", "rnn", "gru", "--lengths", "5", "9", "--t-batch", "2", "--batches"]
+    grid = ["--cells", "rnn", "gru", "--lengths", "5", "--t-batch", "2", "--batches"]
     speed.main([*grid, "--methods", "auto", "blelloch", "--repeats", "1", "--out", str(out)])
     fitted = tmp_path / "profile.json"
-    # The fit takes every backward that came out positive: at these sizes total - forward is
-    # within the noise, so how many do depends on the machine's load; the structure does not.
+    # Every backward is measured as its own program, so the fit takes every one of them.
     measured = fit_profile.samples(json.loads(out.read_text()))
-    assert len(measured) <= 2 * 2 * 3  # cells x lengths x (BP and two methods)
-    if not measured:
-        with pytest.raises(SystemExit):
-            fit_profile.main([str(out), "--out", str(fitted)])
-        assert "no row with an HLO count and a measured backward" in capsys.readouterr().err
-        return
+    assert len(measured) == 2 * 3  # cells x (BP and two methods)
     fit_profile.main([str(out), "--out", str(fitted)])
     payload = json.loads(fitted.read_text())
     assert [r["label"] for r in payload["rows"]] == [label for label, _, _ in measured]
@@ -79,7 +115,11 @@ def test_resume_keeps_the_rows_written_and_measures_the_rest(tmp_path):
     grid = ["--cells", "rnn", "--lengths", "3", "5", "--t-batch", "2", "--batches", "--hidden", "2"]
     unfinished = speed.empty_row(speed.Config("t_sweep", "rnn", 5, 2, 2), ["blelloch"])
     unfinished.update(status="unfinished", error=speed.UNFINISHED)
-    out.write_text(json.dumps(dict(attempts=1, t_sweep=[unfinished])))
+    # A row of the older layout (its backward the gradient minus a forward) is measured again.
+    older = speed.empty_row(speed.Config("t_sweep", "rnn", 3, 2, 2), ["blelloch"])
+    del older["backward"]
+    older["seconds"] = -1.0
+    out.write_text(json.dumps(dict(attempts=1, t_sweep=[older, unfinished])))
     speed.main([*grid, "--methods", "blelloch", "--repeats", "1", "--resume", "--out", str(out)])
     payload = json.loads(out.read_text())
     assert payload["attempts"] == 2 and payload["complete"]
@@ -87,6 +127,8 @@ def test_resume_keeps_the_rows_written_and_measures_the_rest(tmp_path):
         (3, "ok"),
         (5, "unfinished"),
     ]
+    assert payload["t_sweep"][0]["backward"] == "pullback"
+    assert payload["t_sweep"][0]["seconds"] > 0
 
 
 @pytest.mark.parametrize(
