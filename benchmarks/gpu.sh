@@ -1,151 +1,201 @@
 #!/usr/bin/env bash
-# The speed benchmark on one CUDA GPU (JAX's GPU backend), in one call of at most ~8 minutes:
-# the structured cells' width rows first (width_gpu.json), then the paper's grids (RNN and GRU, H = 20: T sweep at B = 16, B sweep at T = 1000), then
-# larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256: the dense scan does
-# ~H times BP's arithmetic, so somewhere there the parallel scan stops paying), the most
-# expensive last. Methods: BP (always, the baseline), Auto(), Blelloch(), Chunked(); one that
-# does not fit the device's memory is recorded as skipped. Runs with the machine's python3 (a
-# CUDA build of JAX, numpy, optax; no virtual environment): the project goes on PYTHONPATH.
-# Writes width_gpu.json, char_lm_gpu/ (the language model's training step: BP, Auto and the
-# Newton forward), speed_gpu.json (rewritten as rows finish; "complete": true at the end),
-# sharded_gpu.json (bppsa.Sharded on the device, if time is left), total_gpu.json (one
-# sequence's total gradient time, if time is left), newton_gpu.jsonl (the Newton
-# forward, if time is left), vgg11_gpu/benchmark.json (the pruned VGG-11's backward over its
-# layers, if time is left) and speed_gpu.log into $OUT (the device tool's output folder), else
-# results/.
+# The GPU report: every benchmark with a speed or accuracy claim, on one CUDA GPU (JAX's GPU
+# backend), in ONE device call of at most ~8.5 minutes (limit_s below, JAX's start included in
+# each step). Every gradient is timed by the timing package: the whole gradient, its forward
+# and its backward, each its own program ("backward": "pullback" in every file). In order, each
+# step within its budget and the run's deadline (a step not started in time is left out; the
+# files keep what finished):
+#   1. the paper's grids (benchmarks/speed.py, RNN and GRU, H = 20: T sweep at B = 16, B sweep
+#      at T = 1000; BP, Auto(), Blelloch()): speed_gpu.json
+#   2. the gradients' error against float64 with the library's products at "highest" and at
+#      JAX's default (TF32 there), BP at JAX's default (benchmarks/accuracy.py): accuracy_gpu.json
+#   3. what the precision costs: one sequence's gradient, BP against bppsa at "highest" and at
+#      "default" (benchmarks/total.py): total_gpu.json
+#   4. the structured cells (benchmarks/width.py: ParaRNN's diagonal GRU and CIFG LSTM at
+#      H = 256, 1024, 4096): width_gpu.json
+#   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
+#      T = 2048, B = 8: BP, Auto, Auto with the Newton forward, on the synthetic corpus):
+#      char_lm_gpu/
+#   6. the Newton forward (benchmarks/newton.py): newton_gpu.jsonl
+#   7. why a standalone lax.scan forward runs slower than the one inside a gradient
+#      (benchmarks/forward_programs.py, at XLA's defaults and with every loop body a CUDA graph):
+#      forward_programs_gpu.json, forward_programs_graphs_gpu.json
+#   8. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
+#      (sharded_gpu.json), the pruned VGG-11's backward over its layers (vgg11_gpu/).
+# Runs with the machine's python3 (a CUDA build of JAX, numpy, optax; no virtual environment):
+# the project goes on PYTHONPATH. Everything goes to $OUT (the device tool's output folder),
+# else results/: the folder gpu-results/, packed at the end (also after a time-out) into ONE
+# archive, gpu-results.tar.gz, beside the log gpu.log.
 #
 #   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
-#   bash benchmarks/gpu.sh --dry-run  # the same grids with tiny sizes, anywhere, in seconds
+#   bash benchmarks/gpu.sh --dry-run  # the same steps with tiny sizes, anywhere
 #
-# Exit status: 0 complete; 124 or 137 the time limit ended it (the JSON keeps what was
-# measured); otherwise the benchmark's. A benchmark killed by a signal (a crash inside XLA) is
-# restarted with --resume while time is left: it keeps the rows measured and skips the one the
-# crash happened in (recorded as "unfinished").
+# Exit status: 0 complete; 124 or 137 the time limit ended the paper's grids (the JSON keeps
+# what was measured); otherwise the speed benchmark's (2: not a GPU backend, nothing else runs).
+# A speed benchmark killed by a signal (a crash inside XLA) is restarted with --resume while
+# time is left: it keeps the rows measured and skips the one the crash happened in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out_dir="${OUT:-results}"
-mkdir -p "$out_dir"
-json="$out_dir/speed_gpu.json"
-log="$out_dir/speed_gpu.log"
+out_root="${OUT:-results}"
+results="$out_root/gpu-results"
+log="$out_root/gpu.log"
+json="$results/speed_gpu.json"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-limit_s=460 # the whole run, restarts included (one device call may run about 8 minutes)
-restart_s=60 # the least time left worth a restart (JAX's import and the GPU's start-up)
+dry=0
+[[ " $* " == *" --dry-run "* ]] && dry=1
+limit_s=500 # the whole run (one device call may run 9 minutes, the machine's start apart)
+restart_s=60 # the least time left worth a restart of the speed benchmark
 deadline=$((SECONDS + limit_s))
-args=(
-    --require-backend gpu
-    --methods auto blelloch chunked
-    --cells rnn gru --hidden 20
-    --lengths 10 30 100 300 1000 3000 10000 30000 --t-batch 16
-    --batches 1 2 4 8 16 32 64 128 256 --b-length 1000
-    --hiddens 64 256 1024 --h-cells rnn --h-batches 1 16 256 --h-length 1000
-    --repeats 5 --row-seconds 10
-    --out "$json"
-)
-rm -f "$json"
+scratch="$(mktemp -d)"
+rm -rf "$results" "$out_root/gpu-results.tar.gz"
+mkdir -p "$results"
 : >"$log"
+
+pack() { # one archive of the results and the log (not the model checkpoints), whatever ended
+    # the run; its exit status kept
+    local status=$?
+    cp "$log" "$results/gpu.log" || true
+    tar -czf "$out_root/gpu-results.tar.gz" --exclude="*.npz" -C "$out_root" gpu-results ||
+        echo "gpu.sh: no archive"
+    rm -rf "$results" "$scratch" || true
+    exit "$status"
+}
+trap pack EXIT
+
+say() { echo "gpu.sh: $*" | tee -a "$log"; }
+
+# step NAME BUDGET_S MIN_S COMMAND...: runs COMMAND within min(BUDGET_S, the time left) if at
+# least MIN_S are left; its failure is logged, and the other results stand.
+step() {
+    local name=$1 budget=$2 least=$3 left
+    shift 3
+    left=$((deadline - SECONDS))
+    if ((left < least)); then
+        say "${left} s left: ${name} not run"
+        return 0
+    fi
+    ((budget > left)) && budget=$left
+    local status=0
+    timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$log" || status=$?
+    ((status == 0)) || say "${name} exit ${status} (the other results stand)"
+}
+
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$log" || true
 fi
-# Width first (benchmarks/width.py, the newest claim), within width_s: ParaRNN's diagonal GRU
-# and CIFG LSTM, whose Jacobians stay diagonal / 2x2-block, at H = 256, 1024, 4096, T = 1k,
-# 4k, 16k, B = 8, 1: the forward (lax.scan vs the Newton forward) and the backward (BP vs
-# Auto and Blelloch). Points not started in time are left out ("complete": false).
-width_s=150
-width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1024 4096
-    --lengths 1000 4096 16384 --batches 8 1 --inputs 256 --methods auto blelloch --newton
-    --repeats 3 --seconds $((width_s - 40)))
-[[ " $* " == *" --dry-run "* ]] && width_args=(--cells diagonal-gru cifg-lstm --hiddens 8
-    --lengths 16 --batches 2 --inputs 4 --methods auto blelloch --newton --repeats 1)
-width_status=0
-timeout --kill-after=10 "$width_s" python3 -m benchmarks.width "${width_args[@]}" \
-    --out "$out_dir/width_gpu.json" 2>&1 | tee -a "$log" || width_status=$?
-if ((width_status == 2)); then # no GPU backend: the speed benchmark below says so and stops
-    echo "gpu.sh: benchmarks.width measured nothing (not a GPU backend)" | tee -a "$log"
-fi
-# The language model's whole training step (experiments/char_lm.py, the --gpu configuration's
-# cell, layers and T = 2048 at H = 1024, B = 8): BP, BPPSA (Auto) and BPPSA with the Newton
-# forward in lockstep for a few iterations, on the SYNTHETIC corpus in the Shakespeare layout
-# (no download on the GPU machine; a step's time does not depend on the text). Step times are
-# in char_lm_gpu/summary.json and <method>/metrics.jsonl; within lm_s, skipped without a GPU.
-lm_s=120
-fixture="$out_dir/char_lm_fixture"
-lm_args=(--gpu --width 1024 --layers 2 --batch 8 --iterations 8 --warmup 2 --eval-every 1000
-    --eval-batches 1 --sample-length 8 --final-sample-length 8)
-[[ " $* " == *" --dry-run "* ]] && lm_args=(--gpu --dry-run --iterations 2)
-if ((width_status != 2)); then
-    python3 -c "from experiments._char_lm_fixture import write_fixture as w; w('$fixture', speeches=400)"
-    timeout --kill-after=10 "$lm_s" python3 -m experiments.char_lm "${lm_args[@]}" \
-        --data "$fixture" --methods bp bppsa bppsa-newton --out "$out_dir" \
-        --name char_lm_gpu --overwrite --no-progress 2>&1 | tee -a "$log" ||
-        echo "gpu.sh: experiments.char_lm exit $? (the other results stand)" | tee -a "$log"
-fi
+
+# 1. The paper's grids. Its refusal without a GPU backend (exit 2) ends the run.
+speed_args=(
+    --require-backend gpu
+    --methods auto blelloch
+    --cells rnn gru --hidden 20
+    --lengths 10 30 100 300 1000 3000 10000 30000 --t-batch 16
+    --batches 1 2 4 8 16 32 64 128 256 --b-length 1000
+    --hiddens
+    --repeats 5 --row-seconds 3
+    --out "$json"
+)
+speed_s=180
 resume=()
 status=0
+speed_deadline=$((SECONDS + speed_s))
 for attempt in 1 2 3; do
-    left=$((deadline - SECONDS))
+    left=$((speed_deadline - SECONDS))
     if ((attempt > 1 && left < restart_s)); then
-        echo "gpu.sh: ${left} s left, too little to restart" | tee -a "$log"
+        say "${left} s left, too little to restart"
         break
     fi
     status=0
-    timeout --kill-after=10 "$left" python3 -m benchmarks.speed "${args[@]}" \
+    timeout --kill-after=10 "$left" python3 -m benchmarks.speed "${speed_args[@]}" \
         ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tee -a "$log" || status=$?
     if ((status <= 128 || status == 137)); then # done, refused, failed or timed out
         break
     fi
-    echo "gpu.sh: benchmarks.speed died (exit ${status}); restarting with --resume" | tee -a "$log"
+    say "benchmarks.speed died (exit ${status}); restarting with --resume"
     resume=(--resume)
 done
-# bppsa.Sharded on this machine's device(s) (one GPU: the local scan alone, P = 1), if time is
-# left and the speed benchmark did not refuse to run; its claims for several devices rest on
-# step counts (benchmarks/sharded.py), and this row checks that its path runs on a GPU.
-sharded_args=(--devices 1 --lengths 1000 10000 --repeats 3)
-[[ " $* " == *" --dry-run "* ]] && sharded_args=(--devices 1 --lengths 5 --repeats 1)
-left=$((deadline - SECONDS))
-if ((status == 0 || status == 124 || status == 137)) && ((left >= 45)); then
-    timeout --kill-after=10 "$left" python3 -m benchmarks.sharded "${sharded_args[@]}" \
-        --out "$out_dir/sharded_gpu.json" 2>&1 | tee -a "$log" ||
-        echo "gpu.sh: benchmarks.sharded exit $? (the speed results stand)" | tee -a "$log"
+if ! ((status == 0 || status == 124 || status == 137)); then
+    say "benchmarks.speed exit ${status}: nothing else runs"
+    exit "$status"
 fi
-# One sequence outside jax.vmap (benchmarks/total.py: RNN and GRU, H = 20): bppsa.grad's
-# default against jax.grad in total time, T = 1k to 100k, if time is left.
-total_args=(--cells rnn gru --lengths 1000 10000 100000 --repeats 5)
-[[ " $* " == *" --dry-run "* ]] && total_args=(--cells rnn --lengths 5 --repeats 1)
-left=$((deadline - SECONDS))
-if ((status == 0 || status == 124 || status == 137)) && ((left >= 40)); then
-    timeout --kill-after=10 "$left" python3 -m benchmarks.total "${total_args[@]}" \
-        --out "$out_dir/total_gpu.json" 2>&1 | tee -a "$log" ||
-        echo "gpu.sh: benchmarks.total exit $? (the speed results stand)" | tee -a "$log"
-fi
-# The Newton forward (benchmarks/newton.py, H = 20, float32): iterations and fallbacks at
-# T = 1k and 10k, and the wall-clock of the forward (against lax.scan) and of whole gradients
-# (BP; Blelloch backward after the sequential and the Newton forward) at T = 1k, 10k, 30k, B = 16.
+
+# 2. The gradients' error against float64: BP and Blelloch() as a user runs them (JAX's default
+# matmul precision, TF32 on recent NVIDIA GPUs), Blelloch's own products at "highest" (the
+# library's default) and at "default".
+accuracy_args=(--cells rnn gru --regimes contractive --lengths 1000 10000 30000 --methods blelloch)
+((dry)) && accuracy_args=(--quick --cells rnn --regimes contractive --lengths 5 --methods blelloch)
+step accuracy 55 25 python3 -m benchmarks.accuracy "${accuracy_args[@]}" \
+    --cell-precision default --precisions highest default --out "$results/accuracy_gpu.json"
+
+# 3. What the precision costs, and one sequence's total (B = 1, outside jax.vmap): jax.grad
+# against bppsa.grad's default, bppsa's products at "highest" and at "default".
+total_args=(--cells rnn gru --lengths 1000 10000 --repeats 5)
+((dry)) && total_args=(--cells rnn --lengths 5 --repeats 1)
+step total 35 20 python3 -m benchmarks.total "${total_args[@]}" --precisions default \
+    --out "$results/total_gpu.json"
+
+# 4. The structured cells, whose Jacobians stay diagonal / 2x2-block: the forward (lax.scan vs
+# the Newton forward) and the gradient (BP vs Auto and Blelloch), T = 1k, 4k, 16k, B = 8, 1.
+width_s=80
+width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1024 4096
+    --lengths 1000 4096 16384 --batches 8 1 --inputs 256 --methods auto blelloch --newton
+    --repeats 3 --seconds $((width_s - 30)))
+((dry)) && width_args=(--cells diagonal-gru cifg-lstm --hiddens 8 --lengths 16 --batches 2
+    --inputs 4 --methods auto blelloch --newton --repeats 1)
+step width "$width_s" 40 python3 -m benchmarks.width "${width_args[@]}" \
+    --out "$results/width_gpu.json"
+
+# 5. The language model's whole training step, on the SYNTHETIC corpus in the Shakespeare
+# layout (no download on the GPU machine; a step's time does not depend on the text).
+fixture="$scratch/char_lm_fixture"
+lm_args=(--gpu --width 1024 --layers 2 --batch 8 --iterations 8 --warmup 2 --eval-every 1000
+    --eval-batches 1 --sample-length 8 --final-sample-length 8)
+((dry)) && lm_args=(--gpu --dry-run --iterations 2)
+python3 -c "from experiments._char_lm_fixture import write_fixture as w; w('$fixture', speeches=400)"
+step char_lm 70 40 python3 -m experiments.char_lm "${lm_args[@]}" --data "$fixture" \
+    --methods bp bppsa bppsa-newton --out "$results" --name char_lm_gpu --overwrite --no-progress
+
+# 6. The Newton forward (H = 20, float32): iterations and fallbacks at T = 1k and 10k, the
+# forward against lax.scan and whole gradients (BP; Blelloch after either forward).
 newton_args=(--require-backend gpu --cases rnn-init rnn-trained gru-irmas --dtypes float32
     --lengths 1000 10000 --timing --timing-lengths 1000 10000 30000 --rounds 5)
-[[ " $* " == *" --dry-run "* ]] && newton_args=(--cases rnn-init --dry-run --timing)
-left=$((deadline - SECONDS))
-if ((status == 0 || status == 124 || status == 137)) && ((left >= 60)); then
-    timeout --kill-after=10 "$left" python3 -m benchmarks.newton "${newton_args[@]}" \
-        --out "$out_dir/newton_gpu.jsonl" 2>&1 | tee -a "$log" ||
-        echo "gpu.sh: benchmarks.newton exit $? (the speed results stand)" | tee -a "$log"
-fi
-# Pruned VGG-11's backward over its layers (experiments/pruned_vgg11.py benchmark, 32x32): dense
-# back-propagation vs the sequential sparse chain and two parallel levels, if time is left.
+((dry)) && newton_args=(--cases rnn-init --dry-run --timing)
+step newton 45 30 python3 -m benchmarks.newton "${newton_args[@]}" \
+    --out "$results/newton_gpu.jsonl"
+
+# 7. The forward as each program compiles it, at XLA's defaults and with every while body a
+# CUDA graph (does the standalone forward's small loop body miss the command buffers?).
+forward_args=(--cell rnn --length 10000 --batch 16 --hidden 20)
+((dry)) && forward_args=(--cell rnn --length 5 --batch 2 --hidden 3 --rounds 1)
+step forward_programs 25 15 python3 -m benchmarks.forward_programs "${forward_args[@]}" \
+    --json "$results/forward_programs_gpu.json"
+step forward_programs_graphs 25 15 env XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 \
+    python3 -m benchmarks.forward_programs "${forward_args[@]}" \
+    --json "$results/forward_programs_graphs_gpu.json"
+
+# 8. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
+# the dense scan does ~H times BP's arithmetic; where does it stop paying?), the most expensive
+# last; bppsa.Sharded on this device (P = 1: its path runs on a GPU); the pruned VGG-11.
+h_args=(--require-backend gpu --methods auto blelloch chunked --cells rnn --lengths --batches
+    --hiddens 64 256 1024 --h-cells rnn --h-batches 1 16 256 --h-length 1000
+    --repeats 3 --row-seconds 3)
+step h_sweep 90 40 python3 -m benchmarks.speed "${h_args[@]}" "$@" \
+    --out "$results/speed_h_gpu.json"
+sharded_args=(--devices 1 --lengths 1000 10000 --repeats 3)
+((dry)) && sharded_args=(--devices 1 --lengths 5 --repeats 1)
+step sharded 40 30 python3 -m benchmarks.sharded "${sharded_args[@]}" \
+    --out "$results/sharded_gpu.json"
 vgg_args=(--paper --batches 1 16 --sparsities 0.97 0.99 --repeats 3
     --methods bp sequential-jacobians blelloch-2)
-[[ " $* " == *" --dry-run "* ]] && vgg_args=(--input-size 8 --width-divisor 16 --batches 1
-    --sparsities 0.9 --repeats 1 --methods bp sequential-jacobians)
-left=$((deadline - SECONDS))
-if ((status == 0 || status == 124 || status == 137)) && ((left >= 90)); then
-    timeout --kill-after=10 "$left" python3 -m experiments.pruned_vgg11 benchmark \
-        "${vgg_args[@]}" --out "$out_dir" --name vgg11_gpu --overwrite --no-progress 2>&1 |
-        tee -a "$log" ||
-        echo "gpu.sh: pruned_vgg11 benchmark exit $? (the speed results stand)" | tee -a "$log"
-fi
+((dry)) && vgg_args=(--input-size 8 --width-divisor 16 --batches 1 --sparsities 0.9 --repeats 1
+    --methods bp sequential-jacobians)
+step vgg11 90 60 python3 -m experiments.pruned_vgg11 benchmark "${vgg_args[@]}" \
+    --out "$results" --name vgg11_gpu --overwrite --no-progress
+
 if [[ ! -s "$json" ]]; then
-    echo "gpu.sh: no results in ${json} (exit ${status})" | tee -a "$log"
+    say "no results in ${json} (exit ${status})"
     exit $((status == 0 ? 1 : status))
 fi
-echo "gpu.sh: exit ${status}, results in ${json}" | tee -a "$log"
+say "exit ${status}, results in $out_root/gpu-results.tar.gz"
 exit "$status"

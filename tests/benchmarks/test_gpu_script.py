@@ -2,13 +2,15 @@
 ``--dry-run`` (the same grids with tiny sizes), this interpreter as ``python3`` and the
 test-only packages made unimportable (the GPU machine's python3 has no virtual environment).
 A typo in the script fails here: bash stops (``set -euo pipefail``), argparse refuses the flag,
-or the grids it asks for are not the paper's."""
+or the grids it asks for are not the paper's. Its results come back as one archive, unpacked
+here for the checks."""
 
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -16,7 +18,7 @@ from benchmarks import speed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
-METHODS = ["auto", "blelloch", "chunked"]
+METHODS = ["auto", "blelloch"]  # the paper's grids: BP, Auto() and the paper's scan
 # Installed here for the tests, not on the GPU machine: the benchmark must not import them.
 TEST_ONLY = ["pytest", "_pytest", "hypothesis", "librosa", "soundfile", "ruff"]
 SITECUSTOMIZE = f"""import sys
@@ -31,8 +33,8 @@ sys.meta_path.insert(0, _TestOnly())
 
 
 def run_script(tmp_path, *args, crash_first=False):
-    """Runs gpu.sh with ``args``; ``crash_first``: the first run of the speed benchmark dies
-    of SIGSEGV."""
+    """Runs gpu.sh with ``args`` and unpacks its archive; returns the run and the folder of its
+    results. ``crash_first``: the first run of the speed benchmark dies of SIGSEGV."""
     bin_dir, site, out = tmp_path / "bin", tmp_path / "site", tmp_path / "out"
     for folder in (bin_dir, site, out):
         folder.mkdir()
@@ -52,7 +54,11 @@ def run_script(tmp_path, *args, crash_first=False):
     done = subprocess.run(
         ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True
     )
-    return done, out
+    # What comes back from the device: one archive and the log, nothing else.
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-results.tar.gz", "gpu.log"]
+    with tarfile.open(out / "gpu-results.tar.gz") as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    return done, tmp_path / "unpacked" / "gpu-results"
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +75,34 @@ def test_dry_run_records_the_device_versions_and_command(dry_run):
         assert payload[field], field
     assert payload["command"].startswith("python3 -m benchmarks.speed ")
     assert "--dry-run" in payload["argv"] and payload["methods"] == METHODS
-    assert "exit 0" in (out / "speed_gpu.log").read_text()
+    assert "exit 0" in (out / "gpu.log").read_text()
+    assert len(list(out.rglob("*"))) <= 40  # one folder, packed: the device returns one file
 
 
-def test_the_real_run_measures_the_papers_grids_then_larger_hidden_sizes(dry_run):
+def test_the_real_run_measures_the_papers_grids_first_larger_hidden_sizes_later(dry_run):
     payload, out = dry_run
     real = speed.parse_args([a for a in payload["argv"] if a != "--dry-run"])
-    assert real.require_backend == "gpu" and real.out == out / "speed_gpu.json"
+    assert real.require_backend == "gpu" and real.out.name == "speed_gpu.json"
     assert (real.cells, real.hidden, real.methods) == (["rnn", "gru"], 20, METHODS)
     assert (real.lengths, real.t_batch) == ([10, 30, 100, 300, 1000, 3000, 10000, 30000], 16)
     assert (real.batches, real.b_length) == ([2**k for k in range(9)], 1000)
-    assert (real.hiddens, real.h_batches, real.h_length) == ([64, 256, 1024], [1, 16, 256], 1000)
-    assert "rnn" in real.h_cells and real.repeats >= 3
-    configs = speed.plan(real)
-    sweeps = [c.sweep for c in configs]
-    assert sweeps == sorted(sweeps, key=speed.SWEEPS.index)  # the H = 20 grids first
+    assert real.hiddens == [] and real.repeats >= 3
+    sweeps = [c.sweep for c in speed.plan(real)]
+    assert sweeps == sorted(sweeps, key=speed.SWEEPS.index)  # the T sweep, then the B sweep
+    later = json.loads((out / "speed_h_gpu.json").read_text())
+    h = speed.parse_args([a for a in later["argv"] if a != "--dry-run"])
+    assert (h.hiddens, h.h_batches, h.h_length) == ([64, 256, 1024], [1, 16, 256], 1000)
+    assert "rnn" in h.h_cells and (h.lengths, h.batches) == ([], [])
+    assert h.methods == [*METHODS, "chunked"]
+    configs = speed.plan(h)
+    assert {c.sweep for c in configs} == {"h_sweep"}
     assert configs[-1].key == ("rnn", 1000, 256, 1024)  # the most expensive last
+    text = SCRIPT.read_text()
+    order = ["benchmarks.speed", "benchmarks.accuracy", "benchmarks.total", "benchmarks.width",
+             "experiments.char_lm", "benchmarks.newton", "benchmarks.forward_programs"]  # fmt: skip
+    assert [text.index(f"python3 -m {name}") for name in order] == sorted(
+        text.index(f"python3 -m {name}") for name in order
+    )
 
 
 def test_dry_run_has_a_row_for_every_cell_method_and_sweep(dry_run):
@@ -99,26 +117,54 @@ def test_dry_run_has_a_row_for_every_cell_method_and_sweep(dry_run):
         expected = [c.key for c in configs if c.sweep == sweep]
         assert [(r["cell"], r["length"], r["batch"], r["hidden"]) for r in rows] == expected
         for row in rows:
-            assert set(row) == keys and row["status"] == "ok" and row["forward_ms"] > 0
+            assert set(row) == keys and row["status"] == "ok" and row["bp_forward_ms"] > 0
             assert list(row["methods"]) == METHODS
             for method in row["methods"].values():
                 assert method["status"] == "ok" and method["total_ms"] > 0, method
                 assert method["runs"] and (method["peak_bytes"] or 0) >= 0
 
 
-def test_dry_run_first_runs_the_width_rows(dry_run):
+def test_dry_run_measures_the_errors_at_both_precisions(dry_run):
+    _, out = dry_run
+    payload = json.loads((out / "accuracy_gpu.json").read_text())
+    assert payload["cell_precision"] == "default"
+    assert payload["precisions"] == ["highest", "default"]
+    (row,) = payload["rows"]
+    for errors in (row, row["by_precision"]["default"]):
+        for kind in ("end_to_end", "backward_only"):
+            assert errors[kind]["blelloch"]["median"] < 1e-4
+    assert row["end_to_end"]["bp"]["median"] < 1e-4
+
+
+def test_dry_run_times_the_library_at_both_precisions(dry_run):
+    _, out = dry_run
+    (row,) = json.loads((out / "total_gpu.json").read_text())["rows"]
+    for name in ("bp", "bppsa", "bppsa_default"):
+        assert all(row[f"{name}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
+
+
+def test_dry_run_compiles_the_forward_programs_twice(dry_run):
+    _, out = dry_run
+    for name in ("forward_programs_gpu.json", "forward_programs_graphs_gpu.json"):
+        assert json.loads((out / name).read_text())
+
+
+def test_dry_run_runs_the_width_rows(dry_run):
     _, out = dry_run
     width = json.loads((out / "width_gpu.json").read_text())
-    assert width["complete"]
+    assert width["complete"] and width["backward"] == "pullback"
     assert [(r["cell"], r["hidden"], r["length"], r["batch"]) for r in width["rows"]] == [
         ("diagonal-gru", 8, 16, 2),
         ("cifg-lstm", 8, 16, 2),
     ]
     for row in width["rows"]:
-        assert set(row["methods"]) == {"bp", "auto", "blelloch"} and row["newton_min_s"] > 0
+        assert set(row["methods"]) == {"bp", "auto", "blelloch"} and row["newton_min_ms"] > 0
+        assert row["lax_scan_min_ms"] > 0
+        for method in row["methods"].values():  # the gradient's three programs
+            assert all(method[f"{q}_min_ms"] > 0 for q in ("total", "forward", "backward"))
         structure = "diagonal" if row["cell"] == "diagonal-gru" else "block-diagonal k=2"
         assert row["methods"]["blelloch"]["jacobians"] == f"analytic, {structure}"
-    assert "diagonal-gru  H=8" in (out / "speed_gpu.log").read_text()  # printed to the log
+    assert "diagonal-gru  H=8" in (out / "gpu.log").read_text()  # printed to the log
 
 
 def test_dry_run_runs_the_language_models_training_step(dry_run):
@@ -126,8 +172,10 @@ def test_dry_run_runs_the_language_models_training_step(dry_run):
     summary = json.loads((out / "char_lm_gpu" / "summary.json").read_text())
     assert summary["data"]["synthetic"] and summary["config"]["width"] == 16
     assert set(summary["methods"]) == {"bp", "bppsa", "bppsa-newton"}
+    assert summary["backward"] == "pullback"
     for method in summary["methods"].values():
         assert method["timings"]["iterations"] == 2 and method["timings"]["step_s"] > 0
+        assert method["timings"]["forward_s"] > 0 and method["timings"]["backward_s"] > 0
     assert summary["methods"]["bppsa-newton"]["forward"] == "newton"
     assert summary["max_relative_loss_difference"]["bppsa"] < 1e-4
 
@@ -151,13 +199,15 @@ def test_dry_run_also_runs_the_sharded_benchmark(dry_run):
     sharded = json.loads((out / "sharded_gpu.json").read_text())
     assert [(r["devices"], r["length"]) for r in sharded["rows"]] == [(1, 5)]
     assert set(sharded["rows"][0]["methods"]) == {"bp", "all_gather", "ppermute", "pipelined"}
+    assert all(m["backward_ms"] > 0 for m in sharded["rows"][0]["methods"].values())
 
 
 def test_dry_run_also_runs_the_single_sequence_totals(dry_run):
     _, out = dry_run
     total = json.loads((out / "total_gpu.json").read_text())
     assert [(r["cell"], r["length"]) for r in total["rows"]] == [("rnn", 5)]
-    assert total["rows"][0]["bp_min_s"] > 0 and total["rows"][0]["bppsa_min_s"] > 0
+    assert total["backward"] == "pullback"
+    assert total["rows"][0]["bp_total_ms"] > 0 and total["rows"][0]["bppsa_backward_ms"] > 0
 
 
 def test_dry_run_also_runs_the_newton_benchmark(dry_run):
@@ -170,17 +220,21 @@ def test_dry_run_also_runs_the_newton_benchmark(dry_run):
     ]
     assert all(r["fallback_rate"] == 0 and r["difference_from_lax_scan"] < 1e-4 for r in counts)
     (timing,) = [r for r in rows if r["case"] == "timing"]
-    assert timing["newton_median_s"] > 0 and timing["grad_newton_blelloch_median_s"] > 0
+    assert timing["backward"] == "pullback" and timing["newton_ms"] > 0
+    for gradient in ("bp", "blelloch", "newton_blelloch"):
+        assert all(timing[f"{gradient}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
 
 
 def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):
     _, out = dry_run
     payload = json.loads((out / "vgg11_gpu" / "benchmark.json").read_text())
     (point,) = payload["points"]
+    assert payload["backward"] == point["backward"] == "pullback"
     assert point["point"] == {"sparsity": 0.9, "batch": 1}
     assert set(point["methods"]) == {"bp", "sequential-jacobians"}
     for method in point["methods"].values():
-        assert method["grad_s"] > 0 and method["max_grad_diff_relative"] < 1e-4, method
+        assert method["max_grad_diff_relative"] < 1e-4, method
+        assert all(method[f"{q}_ms"] > 0 for q in ("total", "forward", "backward")), method
 
 
 def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):
@@ -201,7 +255,7 @@ def test_a_benchmark_that_crashed_is_restarted_with_resume(tmp_path):
     payload = json.loads((out / "speed_gpu.json").read_text())
     assert payload["complete"] and payload["attempts"] == 1 and "--resume" in payload["argv"]
     assert [r["length"] for r in payload["t_sweep"]] == [3, 5]
-    assert "restarting with --resume" in (out / "speed_gpu.log").read_text()
+    assert "restarting with --resume" in (out / "gpu.log").read_text()
 
 
 def test_a_method_over_the_memory_limit_is_skipped_and_the_row_goes_on():
