@@ -330,14 +330,8 @@ def fit_device(
         shift = round(margin / step)
         penalty = _robust(_regret(rows, grid, tolerance), shift).reshape(-1)
     least = penalty <= penalty.min() + 1e-9
-    latency, rate, bandwidth = 10.0 ** points[np.flatnonzero(least)[np.argmin(errors[least])]]
-    return dataclasses.replace(
-        base or get_profile("gpu"),
-        name=name,
-        flops=float(rate),
-        bandwidth=float(bandwidth),
-        step_latency=float(latency),
-    )
+    best = 10.0 ** points[np.flatnonzero(least)[np.argmin(errors[least])]]
+    return hlo_cost.with_rates(base or get_profile("gpu"), name, best)
 
 
 def gemm_flops(paths: list[pathlib.Path]) -> float | None:

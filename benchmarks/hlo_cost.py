@@ -389,9 +389,14 @@ def fit_profile(
         local = np.stack(np.meshgrid(offsets, offsets, offsets, indexing="ij"), axis=-1)
         grid = np.clip(best + local.reshape(-1, 3), BOUNDS[:, 0], BOUNDS[:, 1])
         best, step = grid[np.argmin(log_errors(costs, log_measured, grid))], step / 2
-    latency, rate, bandwidth = 10.0**best
+    return with_rates(base or get_profile("cpu"), name, 10.0**best)
+
+
+def with_rates(base: Profile, name: str, point) -> Profile:
+    """``base`` with the cost model's rates of ``point = (latency, flops, bandwidth)``."""
+    latency, rate, bandwidth = point
     return dataclasses.replace(
-        base or get_profile("cpu"),
+        base,
         name=name,
         flops=float(rate),
         bandwidth=float(bandwidth),
