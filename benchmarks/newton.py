@@ -209,8 +209,9 @@ def timing_row(length: int, rounds: int) -> dict:
     row["backward"] = "pullback"
     for name in forwards:
         row |= ms_fields(times[name])
-    for name in programs:
+    for name, program in programs.items():
         row |= {f"{name}_{field}": ms for field, ms in ms_fields(times[name]).items()}
+        row[f"{name}_backward_kernel_ms"] = program.backward_kernel_ms()  # on a GPU only
     for key in ("newton", "newton_quasi"):
         row[f"{key}_over_lax_scan_median"] = row[f"{key}_ms"] / row["lax_scan_ms"]
     for key in ("blelloch", "newton_blelloch"):

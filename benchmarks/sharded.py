@@ -76,7 +76,6 @@ def worker(args) -> None:
 
     import bppsa
     import timing
-    from benchmarks.speed import backward_kernel_ms
     from bppsa.models import RNN
 
     devices = len(jax.devices())
@@ -130,7 +129,7 @@ def worker(args) -> None:
             hlo = program.total.as_text()
             row["methods"][name] = dict(
                 **timing.ms_fields(times[name]),
-                backward_kernel_ms=backward_kernel_ms(program),
+                backward_kernel_ms=program.backward_kernel_ms(),
                 critical_path_backward=critical_path(exchange[name], length, devices),
                 critical_path_total=critical_path(exchange[name], length, devices) + length,
                 exchange_bytes_received=exchange_bytes(exchange[name], devices, args.batch, hidden),

@@ -195,14 +195,6 @@ def faults_per_call(call, calls: int = FAULT_CALLS) -> float:
     return statistics.median(counts)
 
 
-def backward_kernel_ms(programs: timing.GradientPrograms) -> float | None:
-    """The device's kernel time of one backward call, on a GPU (``None`` elsewhere)."""
-    if jax.default_backend() != "gpu":
-        return None
-    seconds = timing.kernel_seconds(programs.backward, programs.pullback, programs.cotangent)
-    return None if seconds is None else 1e3 * seconds
-
-
 def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"[:MESSAGE_CHARS]
 
@@ -304,7 +296,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops, 
     row["rounds"] = len(times[BP]["total"])
     row.update({f"bp_{key}": value for key, value in timing.ms_fields(times[BP]).items()})
     row.update(timing.ms_fields(times[STANDALONE]))
-    row["bp_backward_kernel_ms"] = backward_kernel_ms(programs[BP])
+    row["bp_backward_kernel_ms"] = programs[BP].backward_kernel_ms()
     row["bp_peak_bytes"] = peak_bytes(programs[BP].total)
     row["bp_page_faults"] = faults_per_call(programs[BP].calls()["total"])
     step_s = None
@@ -338,7 +330,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops, 
         if timed not in measured:
             measured[timed] = dict(
                 **timing.ms_fields(times[timed]),
-                backward_kernel_ms=backward_kernel_ms(programs[timed]),
+                backward_kernel_ms=programs[timed].backward_kernel_ms(),
                 hlo_backward=_speed_model.backward_count(programs[timed].backward),
                 page_faults=faults_per_call(programs[timed].calls()["total"]),
             )

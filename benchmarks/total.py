@@ -32,7 +32,6 @@ import jax.numpy as jnp
 
 import bppsa
 import timing
-from benchmarks.speed import backward_kernel_ms
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from results_io import write_json
 
@@ -86,7 +85,7 @@ def measure(
     row["rounds"] = len(times["bp"]["total"])
     for name, program in programs.items():
         row |= {f"{name}_{key}": value for key, value in timing.ms_fields(times[name]).items()}
-        row[f"{name}_backward_kernel_ms"] = backward_kernel_ms(program)
+        row[f"{name}_backward_kernel_ms"] = program.backward_kernel_ms()
         row[f"{name}_compile_s"] = dict(program.compile_seconds)
     for quantity, label in (("total", "overall"), ("backward", "backward")):
         for stat in ("", "_min"):

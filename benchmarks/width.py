@@ -17,9 +17,10 @@ of ``jax.vjp``: the forward as it runs inside the gradient) and ``backward`` (it
 saved residuals: the backward as its own program, never total - forward); and the standalone
 forwards of interest, each its own program: ``lax_scan`` (the jitted loss through
 ``lax.scan``) and, with ``--newton``, ``newton`` (the loss through the Newton forward). Medians
-(``*_ms``) and minima (``*_min_ms``) are recorded; what Auto ran and how the Jacobians were built
-are recorded beside them. The JSON (``"backward": "pullback"``) is rewritten atomically after
-every point.
+(``*_ms``) and minima (``*_min_ms``) are recorded, and on a GPU each backward's device kernel
+time from the profiler (``backward_kernel_ms``), the cross-check of the pullback timed alone;
+what Auto ran and how the Jacobians were built are recorded beside them. The JSON
+(``"backward": "pullback"``) is rewritten atomically after every point.
 
 Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 256 1024 4096
 --length 4096 --batch 4 --out benchmarks/results/width/cpu.json``.
@@ -136,6 +137,7 @@ def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False)
     for name, entry in row["methods"].items():
         entry |= ms_fields(times[name])
         entry["per_step_backward_us"] = 1e3 * entry["backward_ms"] / length
+        entry["backward_kernel_ms"] = programs[name].backward_kernel_ms()  # on a GPU only
     for name in methods:
         entry = row["methods"][name]
         for stat, suffix in (("median", ""), ("min", "_min")):

@@ -113,6 +113,7 @@ def measure(
         entries[name]["quartiles_ms"] = {
             q: quartiles([1e3 * t for t in ts], _DIGITS) for q, ts in quantities.items()
         }
+        entries[name]["backward_kernel_ms"] = programs[name].backward_kernel_ms()  # GPU only
     base = entries.get(method_names.BASELINE, {})
     for entry in entries.values():
         for suffix in ("", "_min"):

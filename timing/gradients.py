@@ -21,6 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from timing.kernels import kernel_seconds
 from timing.protocol import Clock, interleaved
 
 QUANTITIES = ("total", "forward", "backward")
@@ -123,6 +124,15 @@ class GradientPrograms:
             "forward": functools.partial(self.forward, *self.args),
             "backward": functools.partial(self.backward, self.pullback, self.cotangent),
         }
+
+    def backward_kernel_ms(self, repeats: int = 3) -> float | None:
+        """The device's kernel time of one backward call in milliseconds, the cross-check of
+        the pullback timed alone (:func:`timing.kernels.kernel_seconds`); ``None`` on a CPU,
+        which has no device kernels, or where the profile has none."""
+        if jax.default_backend() == "cpu":
+            return None
+        seconds = kernel_seconds(self.backward, self.pullback, self.cotangent, repeats=repeats)
+        return None if seconds is None else 1e3 * seconds
 
 
 def time_gradients(

@@ -145,3 +145,23 @@ def test_compiled_programs_are_timed_on_the_real_clock():
     times = time_gradients(programs, 2)
     assert {q: len(ts) for q, ts in times["bp"].items()} == dict.fromkeys(QUANTITIES, 2)
     assert all(t >= 0 for ts in times["bp"].values() for t in ts)
+
+
+def test_the_backwards_kernel_time_is_none_on_a_cpu_and_summed_on_a_device(monkeypatch):
+    import timing.gradients
+
+    params, xs = problem(5, jnp.float32)
+    programs = GradientPrograms.from_loss(loss, params, xs)
+    assert programs.backward_kernel_ms() is None  # a CPU has no device kernels
+    seen = []
+
+    def fake_kernel_seconds(fn, *args, repeats):
+        seen.append((fn, args, repeats))
+        return 0.0025
+
+    monkeypatch.setattr(timing.gradients.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(timing.gradients, "kernel_seconds", fake_kernel_seconds)
+    assert programs.backward_kernel_ms(repeats=4) == 2.5
+    ((fn, args, repeats),) = seen
+    assert fn is programs.backward and args == (programs.pullback, programs.cotangent)
+    assert repeats == 4
