@@ -12,6 +12,7 @@ import pathlib
 
 import bppsa
 from experiments import methods
+from results_io import PULLBACK
 from results_io import methods as method_names
 
 CELL_NAMES = ("rnn", "gru")
@@ -30,7 +31,6 @@ UNFINISHED = "the process ended (time-out or crash) while this row was being mea
 # The value of "backward" on a result file and its rows: every backward time is the jitted
 # pullback of a jax.vjp applied to saved residuals, its own program (timing.GradientPrograms),
 # never the gradient's time minus a forward's. Readers (paper_figures, fit_profile) check it.
-BACKWARD = "pullback"
 # The names --methods takes (results_io.methods); the baseline, BP, is always measured.
 METHOD_FORMS = (
     method_names.AUTO,
@@ -99,7 +99,7 @@ def previous_run(path: pathlib.Path) -> tuple[dict, int]:
             (r["cell"], r["length"], r["batch"], r["hidden"]): r
             for sweep in SWEEPS
             for r in payload.get(sweep, [])
-            if r.get("backward") == BACKWARD
+            if r.get("backward") == PULLBACK
         }
         return rows, int(payload.get("attempts", 1))
     except (OSError, ValueError, KeyError, TypeError):

@@ -6,7 +6,8 @@ Kept apart from :mod:`benchmarks.speed` (which measures) so that each file is on
 
 from __future__ import annotations
 
-from benchmarks._speed_cli import BACKWARD, Config
+from benchmarks._speed_cli import Config
+from results_io import PULLBACK
 from results_io import methods as method_names
 
 
@@ -29,7 +30,7 @@ def empty_row(config: Config, methods, status: str = "ok", error: str | None = N
         hidden=config.hidden,
         status=status,
         error=error,
-        backward=BACKWARD,
+        backward=PULLBACK,
         seconds=None,
         rounds=0,
         **_quantities("bp_"),

@@ -45,7 +45,7 @@ import optax
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
-from results_io import JsonLines
+from results_io import PULLBACK, JsonLines
 from timing import GradientPrograms, ms_fields, time_gradients, timed
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
@@ -206,7 +206,7 @@ def timing_row(length: int, rounds: int) -> dict:
     others = {name: functools.partial(fn, xs) for name, fn in forwards.items()}
     times = time_gradients(programs, rounds, others=others)
     row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
-    row["backward"] = "pullback"
+    row["backward"] = PULLBACK
     for name in forwards:
         row |= ms_fields(times[name])
     for name, program in programs.items():

@@ -39,10 +39,10 @@ import platform
 import subprocess
 import sys
 
+from results_io import PULLBACK
 from results_io import methods as method_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-BACKWARD = "pullback"  # every backward is the pullback timed as its own program
 
 
 def critical_path(method: str, length: int, devices: int) -> int:
@@ -117,7 +117,7 @@ def worker(args) -> None:
         }
         times = timing.time_gradients(programs, args.repeats)
         row = dict(devices=devices, length=length, batch=args.batch, hidden=hidden, methods={})
-        row["backward"] = BACKWARD
+        row["backward"] = PULLBACK
         exchange = {
             method_names.BP: method_names.BP,
             "all_gather": "all_gather",
@@ -174,7 +174,7 @@ def main(argv=None) -> None:
         machine=platform.processor() or platform.machine(),
         cpus=os.cpu_count(),
         note="emulated CPU devices share the machine's cores: wall-clock is not a speedup",
-        backward=BACKWARD,
+        backward=PULLBACK,
         rows=[],
     )
     for devices in args.devices:

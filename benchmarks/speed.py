@@ -71,7 +71,6 @@ import bppsa
 import timing
 from benchmarks import _speed_model
 from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's interface)
-    BACKWARD,
     DRY_RUN,
     FULL_B,
     FULL_T,
@@ -91,6 +90,7 @@ from benchmarks._speed_cli import parse_args as _parse_args
 from benchmarks._speed_rows import empty_row, print_row
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
+from results_io import PULLBACK
 from results_io import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
@@ -412,7 +412,7 @@ def main(argv=None) -> None:
         argv=argv,
         dry_run=args.dry_run,
         attempts=attempts + 1,
-        backward=BACKWARD,
+        backward=PULLBACK,
         repeats=args.repeats,
         row_seconds=args.row_seconds,
         memory_limit=args.memory_limit,

@@ -33,11 +33,10 @@ import jax.numpy as jnp
 import bppsa
 import timing
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
-from results_io import write_json
+from results_io import PULLBACK, write_json
 
 CELLS = {"rnn": (RNN, rnn_cell), "gru": (GRU, gru_cell), "lstm": (LSTM, lstm_cell)}
 SCANS = {"bp": jax.lax.scan, "bppsa": bppsa.scan}  # the default method: Auto()
-BACKWARD = "pullback"  # every backward is the pullback timed as its own program
 
 
 def problem(length: int, hidden: int, cell: str = "rnn"):
@@ -116,7 +115,7 @@ def main(argv=None) -> int:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "argv": sys.argv,
-        "backward": BACKWARD,
+        "backward": PULLBACK,
         "precisions": args.precisions,
         "rows": [],
     }

@@ -48,11 +48,9 @@ from bppsa.models import (
     indrnn_cell,
 )
 from experiments.methods import parse_method
+from results_io import PULLBACK, write_json
 from results_io import methods as method_names
-from results_io import write_json
 from timing import GradientPrograms, ms_fields, time_gradients
-
-BACKWARD = "pullback"  # how the backward is timed: the pullback, its own program
 
 
 def indrnn_user(params, h, x):
@@ -182,7 +180,7 @@ def main(argv=None) -> int:
         )
         return 2
     data = {"jax": jax.__version__, "backend": jax.default_backend(), "argv": sys.argv, "rows": []}
-    data["backward"] = BACKWARD
+    data["backward"] = PULLBACK
     data["cpus"] = os.cpu_count()
     started = time.perf_counter()
     grid = [

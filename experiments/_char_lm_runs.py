@@ -31,10 +31,10 @@ from experiments import _report
 from experiments._char_lm_config import Config, parse_run
 from experiments._char_lm_fixture import MARKER
 from experiments._records import load_checkpoint, run_metadata
-from experiments._training import BACKWARD, CHECKPOINT, Task, Trainer, run_together, step_rows
+from experiments._training import CHECKPOINT, Task, Trainer, run_together, step_rows
 from experiments.methods import parse_forward
+from results_io import PULLBACK, write_json
 from results_io import methods as method_names
-from results_io import write_json
 
 DEFAULT_DATA = pathlib.Path("data/shakespeare")
 SUMMARY = "summary.json"
@@ -302,7 +302,7 @@ def summarize(
         entry["speedup"] = None if base is None or not step else base / step
     meta = run_metadata(experiment.config.identity())
     summary = dict(
-        backward=BACKWARD,
+        backward=PULLBACK,
         config=experiment.config.record(),
         data=describe_data(experiment.corpus),
         prompt=experiment.prompt_text,

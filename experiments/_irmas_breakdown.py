@@ -45,11 +45,10 @@ from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
 from experiments._records import resume_points
 from experiments.methods import bind
-from results_io import JsonLines
+from results_io import PULLBACK, JsonLines
 from timing import QUANTITIES, GradientPrograms, interleaved, quartiles
 
 BREAKDOWN_LOG = "breakdown.jsonl"
-BACKWARD = "pullback"  # how the rows' backward times are timed: each pullback its own program
 GRADIENTS = ("bp", "bppsa")
 _DIGITS = 7
 
@@ -137,7 +136,7 @@ def measure(
         "quartiles": {field: quartiles(ts, _DIGITS) for field, ts in times.items()},
         "compile_s": compile_s,
         "repeats": repeats,
-        "backward": BACKWARD,
+        "backward": PULLBACK,
     }
 
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from experiments._records import resume_points
-from experiments._training import BACKWARD, Trainer, run_together, step_rows
-from results_io import JsonLines
+from experiments._training import Trainer, run_together, step_rows
+from results_io import PULLBACK, JsonLines
 from results_io import methods as method_names
 from timing import quartiles
 
@@ -72,7 +72,7 @@ def compare(
         for entry in methods.values():
             entry["overall_speedup"] = _ratio(base["step_s"], entry["step_s"])
             entry["backward_speedup"] = _ratio(base["backward_s"], entry["backward_s"])
-    return {"backward": BACKWARD, "methods": methods}
+    return {"backward": PULLBACK, "methods": methods}
 
 
 def run_sweep(

@@ -61,13 +61,12 @@ from experiments._records import (
     save_checkpoint,
 )
 from experiments.methods import SEQUENTIAL_FORWARD, bind, forward_of, parse_forward, parse_method
-from results_io import JsonLines
+from results_io import PULLBACK, JsonLines
 from timing import GradientPrograms, interleaved, timed
 
 Batch = tuple[Any, ...]
 METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.npz"
-BACKWARD = "pullback"  # how the logs' backward_s is timed: the pullback, its own program
 _DIGITS = 7  # times are logged in seconds, rounded to 0.1 microsecond
 
 
@@ -226,7 +225,7 @@ class Trainer:
         if not self.done:
             compile_s = self._compile()
             self.log.append(
-                dict(kind="session", iteration=iteration, compile_s=compile_s, backward=BACKWARD)
+                dict(kind="session", iteration=iteration, compile_s=compile_s, backward=PULLBACK)
                 | run_metadata(self.config)
             )
         return iteration

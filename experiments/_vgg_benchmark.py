@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import bppsa
 from experiments import _vgg_model
 from experiments.methods import bind
+from results_io import PULLBACK
 from results_io import methods as method_names
 from timing import GradientPrograms, ms_fields, quartiles, time_gradients
 
 _DIGITS = 7
-BACKWARD = "pullback"  # how the backward is timed: the pullback, its own program
 
 
 def measure(
@@ -120,7 +120,7 @@ def measure(
             ratio = _ratio(entry.get(f"backward{suffix}_ms"), base.get(f"backward{suffix}_ms"))
             entry[f"ratio{suffix}"] = ratio
             entry[f"speedup{suffix}"] = None if not ratio else 1.0 / ratio
-    return dict(repeats=repeats, backward=BACKWARD, methods=entries)
+    return dict(repeats=repeats, backward=PULLBACK, methods=entries)
 
 
 def _memory(compiled) -> dict[str, int] | None:
@@ -306,7 +306,7 @@ def run(
     rows = [r for r in rows if r["point"] in points]
     result = dict(
         metadata=run_metadata(config),
-        backward=BACKWARD,
+        backward=PULLBACK,
         points=rows,
         crossover={
             name: crossover(rows, name) for name in methods if name != method_names.BASELINE

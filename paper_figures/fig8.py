@@ -22,12 +22,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
+from results_io import PULLBACK, read_points
 from results_io import methods as method_names
-from results_io import read_points
 
 SWEEP_LOG = "sweep.jsonl"
 UPDATE_ALPHA = 0.35
-PULLBACK = "pullback"  # a point's "backward": each phase timed as its own program
 
 
 def load_sweep(path: str | pathlib.Path) -> tuple[dict, list[dict]]:

@@ -23,14 +23,13 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 
 from paper_figures import _cli, _style
+from results_io import PULLBACK, read_points
 from results_io import methods as method_names
-from results_io import read_points
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 VARIANTS = ("S", "M", "L")
 FO_COLOR = "#2ca02c"
 FP_COLOR = "#ff7f0e"
-PULLBACK = "pullback"  # a row's "backward": each part timed as its own program
 
 
 def load_breakdown(path: str | pathlib.Path) -> tuple[dict, dict[tuple[str, int], dict]]:

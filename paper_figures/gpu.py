@@ -35,8 +35,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
+from results_io import PULLBACK, read_json, read_rows
 from results_io import methods as method_names
-from results_io import read_json, read_rows
 
 NAME = "gpu"
 DEFAULT_RESULTS = pathlib.Path("benchmarks/results/gpu-h200")
@@ -44,7 +44,6 @@ DEFAULT_OUT = pathlib.Path("paper_figures/output")
 DPI = 100  # a small file for the repository
 SPEED_FILE = "speed_gpu.json"
 DIRECT_FILE = "gpu_backward.jsonl"
-PULLBACK = "pullback"  # the value of "backward" in a file whose backward is its own program
 DIRECT_METHOD = method_names.BLELLOCH  # direct_backward.py times bppsa.scan(method=Blelloch())
 HIDDEN, BATCH = 20, 16  # the paper's Fig. 8 (T sweep)
 CELLS = {"rnn": "o", "gru": "s"}

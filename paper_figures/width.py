@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from paper_figures import _cli, _style
+from results_io import PULLBACK
 
 NAME = "width"
 BP = "bp"
@@ -140,8 +141,8 @@ def draw(runs: Sequence[dict]) -> plt.Figure:
     )
     timed = (
         "the jitted pullback of a jax.vjp, timed as its own program"
-        if all(run.get("backward") == "pullback" for run in runs)
-        else 'gradient minus forward in the files without "backward": "pullback"'
+        if all(run.get("backward") == PULLBACK for run in runs)
+        else f'gradient minus forward in the files without "backward": "{PULLBACK}"'
     )
     caption = (
         f"{len(runs)} run(s) of benchmarks.width; each point the median over the runs of the "

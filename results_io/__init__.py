@@ -1,6 +1,7 @@
 """What result files hold, defined once for the experiments and benchmarks that write them and the
 figures that read them: crash-safe JSON-lines logs and JSON files (:mod:`results_io.files`) and
-the names of the backward methods that key their rows (:mod:`results_io.methods`).
+the names of the backward methods that key their rows (:mod:`results_io.methods`), and
+:data:`PULLBACK`, the mark of a file whose backward times are their own programs.
 
 Imports neither JAX nor ``bppsa``: drawing a figure from result files loads neither.
 """
@@ -15,7 +16,12 @@ from results_io.files import (
     write_json,
 )
 
+# A result file's (or row's) "backward" when each backward time is the jitted pullback of a
+# jax.vjp timed as its own program (the timing package), never a gradient minus a forward.
+PULLBACK = "pullback"
+
 __all__ = [
+    "PULLBACK",
     "JsonLines",
     "methods",
     "read_json",
