@@ -12,7 +12,7 @@
 
 from timing.gradients import QUANTITIES, GradientPrograms, time_gradients
 from timing.kernels import KernelTime, kernel_seconds, kernel_time, summed_kernel_seconds
-from timing.protocol import interleaved, median_seconds, timed
+from timing.protocol import interleaved, timed
 from timing.summary import min_median, ms_fields, quartiles
 
 __all__ = [
@@ -22,7 +22,6 @@ __all__ = [
     "interleaved",
     "kernel_seconds",
     "kernel_time",
-    "median_seconds",
     "min_median",
     "ms_fields",
     "quartiles",

@@ -4,7 +4,6 @@ interleaved round by round, each timed call right after an untimed call of itsel
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
@@ -31,13 +30,6 @@ def timed(
     start = clock()
     out = jax.block_until_ready(fn(*args))
     return out, clock() - start
-
-
-def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int = 5, warmup: int = 1) -> float:
-    """Median of ``repeats`` timed calls after ``warmup`` untimed ones (compilation included)."""
-    for _ in range(warmup):
-        timed(fn, *args)
-    return statistics.median(timed(fn, *args)[1] for _ in range(repeats))
 
 
 def interleaved(
