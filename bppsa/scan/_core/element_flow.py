@@ -10,7 +10,7 @@ element (never ``n x n``).
 The pass is conservative (a set may hold an index the derivative does not need, never miss one)
 and exact where it is cheap: it follows JAX's own autodiff, so values of integer or boolean dtype
 (predicates, indices) have no derivative and an empty set; a moved element keeps its set
-(slices, transposes, concatenations, pads and slices at constant offsets); elementwise
+(slices, transposes, concatenations, stacks, pads and slices at constant offsets); elementwise
 primitives take the union of their operands'; ``dot_general`` and reductions the union over the
 contracted or reduced axes. Everything else (gather, scatter, loops, callbacks, primitives not
 listed here, parameters not understood) makes its outputs depend on everything. This is the
@@ -235,6 +235,11 @@ def _concatenate(flow, params, ins, values, shapes):
     return [np.concatenate([widen(o, s) for o in ins], params["dimension"])]
 
 
+def _stack(flow, params, ins, values, shapes):
+    s = max(o.shape[-1] for o in ins)
+    return [np.stack([widen(o, s) for o in ins], params["axis"])]
+
+
 def _split(flow, params, ins, values, shapes):
     return np.split(ins[0], np.cumsum(params["sizes"])[:-1], params["axis"])
 
@@ -341,6 +346,7 @@ _RULES: dict[str, Callable] = {
     "rev": _rev,
     "slice": _slice,
     "concatenate": _concatenate,
+    "stack": _stack,
     "split": _split,
     "pad": _pad,
     "dynamic_slice": _dynamic_slice,
