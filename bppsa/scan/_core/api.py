@@ -41,6 +41,7 @@ def scan(
     batch: int | None = None,
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
+    check_structure: bool | None = None,
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
@@ -89,6 +90,13 @@ def scan(
             close to a float64 reference as back-propagation's on every backend (at JAX's
             default, TF32 on recent NVIDIA GPUs, a parallel scan's gradients drift by about
             1e-3; docs/accuracy.md). The body's own products keep the body's precision.
+        check_structure: if True, wherever the Jacobians are built in a structure found in
+            ``f`` (diagonal, block-diagonal; see :attr:`bppsa.ScanPlan.jacobians`), the first,
+            middle and last steps are also differentiated densely (one JVP per carry element)
+            and compared with it; a missed entry raises ``ValueError`` naming the structure,
+            the step (as an index into ``xs``) and the largest entry missed. The first thing
+            to turn on when a custom cell's gradients look wrong. ``None``: the setting of the
+            enclosing :func:`bppsa.grad`, else False (nothing of the check is traced).
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
@@ -116,12 +124,22 @@ def scan(
         >>> bppsa.grad(loss, method="blelloch")(w).shape
         (3, 3)
     """
-    options = Options.make(method, memory_limit, check_finite, forward, precision)
+    options = Options.make(
+        method, memory_limit, check_finite, forward, precision, check_structure=check_structure
+    )
     options = options.over(current())
     forward = options.forward or FORWARD
     batch = _check_batch(batch)
     problem, init, requested, concrete = _prepare(
-        options.method or Auto(), f, init, xs, length, reverse, batch, bool(options.check_finite)
+        options.method or Auto(),
+        f,
+        init,
+        xs,
+        length,
+        reverse,
+        batch,
+        bool(options.check_finite),
+        bool(options.check_structure),
     )
     plan = plans.record(
         requested=requested,
@@ -189,11 +207,23 @@ def estimate_memory(
     return concrete.memory(problem.footprint)
 
 
-def _prepare(requested: Method, f, init, xs, length, reverse, batch, check_finite=False):
+def _prepare(
+    requested: Method,
+    f,
+    init,
+    xs,
+    length,
+    reverse,
+    batch,
+    check_finite=False,
+    check_structure=False,
+):
     """What :func:`scan` and :func:`estimate_memory` share: the prepared scan, its promoted
     initial carry, the requested method (``Auto()`` turns into plain BP for a complex carry)
     and the concrete method it runs (with ``check_finite``, one whose backward checks)."""
-    problem, init = prepare(f, init, xs, length, reverse=reverse, batch=batch)
+    problem, init = prepare(
+        f, init, xs, length, reverse=reverse, batch=batch, check_structure=check_structure
+    )
     complex_leaves = arguments.complex_leaves(init)
     if complex_leaves:
         requested = requested.for_complex_carry(complex_leaves)

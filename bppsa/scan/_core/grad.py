@@ -25,6 +25,7 @@ def value_and_grad(
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
+    check_structure: bool | None = None,
 ) -> Callable[..., tuple[Any, Any]]:
     """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
 
@@ -49,13 +50,17 @@ def value_and_grad(
             (``"highest"``, ``"high"``, ``"default"``, a ``jax.lax.Precision`` or
             ``jax.lax.DotAlgorithmPreset``; ``None``: that of an enclosing ``bppsa.grad``, else
             ``"highest"``); the user's own products keep theirs. See :func:`bppsa.scan`.
+        check_structure: compare the Jacobians built in a structure found in a cell with
+            dense ones at a few steps, raising ``ValueError`` on a missed entry (``None``: that
+            of an enclosing ``bppsa.grad``, else False); see :func:`bppsa.scan`.
 
     Returns:
         A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
 
     Raises:
         ValueError: for an unknown method name (listing the valid ones) or a limit <= 0.
-        TypeError: for a method, limit, ``check_finite`` or ``precision`` of the wrong type.
+        TypeError: for a method, limit, ``check_finite``, ``precision`` or
+            ``check_structure`` of the wrong type.
 
     The options reach the scans when ``fun`` is traced, also when ``fun`` (or a function it
     calls) is already ``jax.jit``-compiled: they are part of ``jax.jit``'s cache key, so such a
@@ -70,7 +75,9 @@ def value_and_grad(
         >>> [plan.method for plan in plans]
         [Blelloch(), Sequential()]
     """
-    options = Options.make(method, memory_limit, check_finite, forward, precision)
+    options = Options.make(
+        method, memory_limit, check_finite, forward, precision, check_structure=check_structure
+    )
     if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover
         raise TypeError(
             "bppsa.grad cannot pass its options into a function that is already jax.jit-"
@@ -98,9 +105,11 @@ def grad(
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
+    check_structure: bool | None = None,
 ) -> Callable:
     """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
-    ``check_finite``, ``forward`` and ``precision`` (see :func:`value_and_grad`).
+    ``check_finite``, ``forward``, ``precision`` and ``check_structure`` (see
+    :func:`value_and_grad`).
 
     Example:
         >>> xs = jnp.linspace(0.0, 1.0, 50)
@@ -117,6 +126,7 @@ def grad(
         check_finite=check_finite,
         forward=forward,
         precision=precision,
+        check_structure=check_structure,
     )
 
     @functools.wraps(fun)

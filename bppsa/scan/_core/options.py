@@ -33,6 +33,8 @@ class Options:
         memory_limit: bytes the backward may use; ``math.inf`` turns the check off; ``None``:
             the default device's available memory.
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
+        check_structure: compare structured step Jacobians with dense ones at a few steps
+            (see :mod:`bppsa.scan._core.structure_check`).
         forward: how the forward pass runs (see :mod:`bppsa.scan._core.forward`).
         precision: of the library's own matrix products, in JAX's canonical form (see
             :mod:`bppsa.scan._precision`; unset: ``"highest"``).
@@ -41,18 +43,28 @@ class Options:
     method: Method | None = None
     memory_limit: float | None = None
     check_finite: bool | None = None
+    check_structure: bool | None = None
     forward: Forward | None = None
     precision: _precision.Precision | None = None
 
     @classmethod
     def make(
-        cls, method=None, memory_limit=None, check_finite=None, forward=None, precision=None
+        cls,
+        method=None,
+        memory_limit=None,
+        check_finite=None,
+        forward=None,
+        precision=None,
+        check_structure=None,
     ) -> Options:
         """Validated options from user arguments (method and forward names are resolved here)."""
         return cls(
             method=None if method is None else resolve(method),
             memory_limit=check_limit(memory_limit),
             check_finite=None if check_finite is None else check_bool(check_finite),
+            check_structure=(
+                None if check_structure is None else check_bool(check_structure, "check_structure")
+            ),
             forward=None if forward is None else resolve_forward(forward),
             precision=None if precision is None else _precision.canonical(precision),
         )
@@ -94,7 +106,7 @@ def check_limit(limit: Any, argname: str = "memory_limit") -> float | None:
     return float(limit)
 
 
-def check_bool(check_finite: Any) -> bool:
-    if not isinstance(check_finite, bool):
-        raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}.")
-    return check_finite
+def check_bool(value: Any, argname: str = "check_finite") -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{argname} must be a bool, got {type(value).__name__}.")
+    return value

@@ -51,6 +51,7 @@ class Problem:
     batch: int
     batched: bool = False
     vmapped: bool = True  # whether a jax.vmap batches the scan (of size 1 too)
+    check_structure: bool = False  # compare structured Jacobians with dense ones at run time
 
     def batched_problem(self) -> Problem:
         """This scan for a whole batch at once: the steps are vmapped over the examples (with
@@ -116,6 +117,8 @@ class Problem:
             self.body.analytic,
             batched=self.batched,
             structure=structure,
+            check=self.check_structure,
+            reverse=self.reverse,
         )
 
     @functools.cached_property
@@ -141,9 +144,17 @@ class Problem:
 
 
 def prepare(
-    f: Callable, init: Any, xs: Any, length: int | None, *, reverse: bool, batch: int | None
+    f: Callable,
+    init: Any,
+    xs: Any,
+    length: int | None,
+    *,
+    reverse: bool,
+    batch: int | None,
+    check_structure: bool = False,
 ) -> tuple[Problem, Any]:
-    """Checks a scan's arguments and traces its body once.
+    """Checks a scan's arguments and traces its body once (``check_structure``: see
+    :mod:`bppsa.scan._core.structure_check`).
 
     Returns:
         ``(problem, init)``, with ``init`` promoted to the carry's dtypes (weak types).
@@ -173,6 +184,7 @@ def prepare(
         reverse=reverse,
         batch=batch,
         vmapped=vmapped,
+        check_structure=check_structure,
     )
     return problem, promoted
 

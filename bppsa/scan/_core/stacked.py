@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import jax
 
+from bppsa.scan._core import structure_check
 from bppsa.scan._core.carry import Layout, unstacked
 from bppsa.scan._core.structure import Structure, coloured_jacobian_t
 from bppsa.scan._elements import Dense
@@ -18,6 +19,8 @@ def steps_with_jacobians(
     *,
     batched: bool = False,
     structure: Structure | None = None,
+    check: bool = False,
+    reverse: bool = False,
 ) -> Callable:
     """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
@@ -32,17 +35,25 @@ def steps_with_jacobians(
     ``batched``: every step serves a batch of examples (the carries and ``xs`` are
     ``(T, B, ...)``; the consts are shared), each with its own Jacobian (maps with a batch
     axis after the stack axis); ``layout`` is that of one example.
+
+    ``check`` (with a ``structure``): also compare the structured Jacobians of a few steps with
+    dense ones (:mod:`bppsa.scan._core.structure_check`; ``reverse``: the stack runs from the
+    end of ``xs``, for the step it names).
     """
+    check = check and structure is not None and not analytic
+
+    def carry_map_at(consts, carry, x):
+        def carry_map(vector):
+            return layout.pack(step(layout.unpack_into(vector, carry), x, *consts)[0])
+
+        return carry_map
 
     def one(consts, carry, x):
         new_carry, y, jac_t = step(carry, x, *consts)
         if not any(layout.float_mask):  # nothing to differentiate in the carry
             return (new_carry, y), None
         if not analytic:
-
-            def carry_map(vector):
-                return layout.pack(step(layout.unpack_into(vector, carry), x, *consts)[0])
-
+            carry_map = carry_map_at(consts, carry, x)
             point = layout.pack(carry)
             if structure is None:
                 jac_t = Dense(jax.jacrev(carry_map)(point).T)
@@ -50,8 +61,22 @@ def steps_with_jacobians(
                 jac_t = coloured_jacobian_t(carry_map, point, structure)
         return (new_carry, y), jac_t
 
+    def checked(outputs, consts, carries, xs, examples):
+        if check and outputs[1] is not None:
+            structure_check.check(
+                carry_map_at,
+                layout.pack,
+                outputs[1],
+                consts,
+                carries,
+                xs,
+                examples=examples,
+                reverse=reverse,
+            )
+        return outputs
+
     def over_steps(consts, carries, xs):  # one leading axis of steps, consts shared
-        return _stacked(one, consts, carries, xs)[0]
+        return checked(_stacked(one, consts, carries, xs)[0], consts, carries, xs, None)
 
     def over_steps_and_examples(consts, carries, xs):
         # (T, B, ...) as one axis of T * B steps: the VJP's products for the consts then
@@ -65,6 +90,7 @@ def steps_with_jacobians(
             return jax.tree.map(lambda a: a.reshape(*lead, *a.shape[1:]), outputs)
 
         outputs, axes = _stacked(one, consts, *merged)
+        checked(outputs, consts, *merged, lead[1])
         return jax.tree.map(split, axes, outputs, is_leaf=_is_none)
 
     return over_steps_and_examples if batched else over_steps
