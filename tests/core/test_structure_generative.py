@@ -111,6 +111,7 @@ OPS = {
         [lax.dynamic_slice(v, ((x[0] > 0).astype(jnp.int32),), (6,)), v[6:]]
     ),
     "stop_gradient": lambda v, x, w: v + lax.stop_gradient(_flip(v)),
+    "random_key": lambda v, x, w: v * jax.random.uniform(jax.random.key(7), v.shape),
 }
 NAMES = sorted(OPS)
 
@@ -319,9 +320,9 @@ def test_the_zoo_finds_every_kind_of_structure(x64):
     """The zoo is not all dense: single ops give diagonal, blocks, and dense (with reasons)."""
     kinds = {
         name: assert_structure_holds_the_jacobian((name,), "vector", 0).description
-        for name in ("tanh", "row_sum", "cumsum", "flip", "sort", "gather", "while")
+        for name in ("tanh", "row_sum", "cumsum", "flip", "sort", "gather", "while", "random_key")
     }
-    assert kinds["tanh"] == "diagonal"
+    assert kinds["tanh"] == kinds["random_key"] == "diagonal"  # a key made in the step
     assert kinds["row_sum"] == kinds["cumsum"] == "block-diagonal k=4"
     assert kinds["flip"] == "block-diagonal k=2"
     assert kinds["sort"] == "block-diagonal k=6"

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.extend.core import Literal
 
@@ -66,8 +67,8 @@ def widen(sets: np.ndarray, s: int) -> np.ndarray:
     )
 
 
-def _is_float(aval: Any) -> bool:
-    return np.issubdtype(np.dtype(aval.dtype), np.inexact) if hasattr(aval, "dtype") else False
+def _is_float(aval: Any) -> bool:  # extended dtypes (PRNG keys) are not numpy's: no derivative
+    return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, np.inexact)
 
 
 class Flow:
