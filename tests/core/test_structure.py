@@ -1,7 +1,8 @@
 """Structured step Jacobians: dependencies from the jaxpr, their blocks, coloured Jacobians.
 
 References: ``jax.jacfwd``'s dense Jacobian of the same packed step, which must vanish off the
-blocks found and agree with :func:`coloured_jacobian` on them.
+blocks found and agree with :func:`coloured_jacobian` on them; the transpose of
+``jax.jacrev``'s, which :func:`coloured_jacobian_t`'s element must equal.
 """
 
 import jax
@@ -10,12 +11,14 @@ import numpy as np
 import pytest
 from jax import lax
 
+from bppsa.scan import BlockDiagonal, Dense, Diagonal
 from bppsa.scan._core.carry import Layout
 from bppsa.scan._core.structure import (
     Structure,
     carry_dependencies,
     classify,
     coloured_jacobian,
+    coloured_jacobian_t,
 )
 
 H, X = 5, 3  # units (not a power of two), input size
@@ -298,3 +301,65 @@ def test_coloured_jacobian_checks_the_point():
     structure = _structure(jnp.tanh, jnp.zeros(H))
     with pytest.raises(ValueError, match="point"):
         coloured_jacobian(jnp.tanh, jnp.zeros(H + 1), structure)
+
+
+# The transposed coloured Jacobian (k VJPs), the one the scans use, against jax.jacrev.
+
+
+def pairs():  # (c_i, h_i) pairs of a carry packed as [c, h], with 2 x 2 blocks
+    a, b, c, d = _weights(7, (H,), (H,), (H,), (H,))
+    return lambda h: jnp.concatenate(
+        [jnp.tanh(a * h[:H] + b * h[H:]), jnp.sin(c * h[:H] + d * h[H:])]
+    )
+
+
+def triples():  # units (i, 4 + i, 8 + i) of a packed [a, b, c], coupled in 3 x 3 blocks
+    (A,) = _weights(8, (4, 3, 3))
+    return lambda h: jnp.tanh(jnp.einsum("gij,gj->gi", A, h.reshape(3, 4).T).T.reshape(12))
+
+
+def heads_of_12():  # three heads of 12 units, past the 8 of the multiply-and-sum path
+    (A,) = _weights(9, (3, 12, 12))
+    return lambda h: jnp.tanh(jnp.einsum("gij,gj->gi", A, h.reshape(3, 12)).reshape(36) + 0.1)
+
+
+def scaled():
+    (u,) = _weights(10, (7,))
+    return lambda h: jnp.tanh(u * h) * jnp.cos(h)
+
+
+def coupled():
+    return lambda h: jnp.tanh(W @ h)
+
+
+TRANSPOSED = {  # the step's factory, the carry's size, the structure expected
+    scaled: (7, ("diagonal", 1, None)),
+    pairs: (2 * H, ("block", 2, PAIRS)),
+    triples: (12, ("block", 3, (0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11))),
+    heads_of_12: (36, ("block", 12, None)),
+    coupled: (H, ("dense", H, None)),
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("transform", ["plain", "jit"])
+def test_coloured_jacobian_t_is_the_transposed_jacobian(x64, case, transform):
+    fun = case()
+    n, expected_structure = TRANSPOSED[case]
+    structure = _structure(fun, jnp.zeros(n, jnp.float64))
+    assert (structure.kind, structure.block, structure.perm) == expected_structure
+    point = jax.random.normal(jax.random.PRNGKey(11), (n,), jnp.float64)
+
+    def coloured(point):
+        return coloured_jacobian_t(fun, point, structure)
+
+    element = (jax.jit(coloured) if transform == "jit" else coloured)(point)
+    kinds = {"diagonal": Diagonal, "block": BlockDiagonal, "dense": Dense}
+    assert type(element) is kinds[structure.kind]
+    if structure.kind == "block":
+        assert element.blocks.shape == (n // structure.block, structure.block, structure.block)
+        assert element.perm == structure.perm
+    jacobian = np.asarray(jax.jacrev(fun)(point))
+    if structure.kind != "diagonal":  # else J^T = J: the check could not tell them apart
+        assert not np.allclose(jacobian, jacobian.T)
+    np.testing.assert_allclose(element.to_dense().a, jacobian.T, rtol=1e-12, atol=1e-14)

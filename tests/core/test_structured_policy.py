@@ -114,3 +114,139 @@ def test_a_scan_of_a_diagonal_cell_runs_what_auto_chose_for_its_structure():
     assert plan.jacobians == "autodiff, diagonal" and plan.dense_because is None
     expected = bppsa.Auto().choose(300, 64, batch=4, element=64, width=1)
     assert plan.backward == expected and isinstance(expected.method, bppsa.SequentialScan)
+
+
+def sequential_blocks(steps):
+    return bppsa.Blocked(bppsa.SequentialScan(), steps)
+
+
+# Auto()'s CPU rule, point by point. Its profile's values are spelled out here, so that a changed
+# threshold fails the test that names it.
+CPU = bppsa.get_profile("cpu")
+
+
+def test_the_cpu_profile_holds_the_values_these_picks_assume():
+    assert CPU.measured_rules
+    assert (CPU.structured_block_work, CPU.structured_block_steps) == (2**19, (16, 8192))
+    assert (CPU.block_work, CPU.block_steps) == (2**20, (64, 8192))
+    assert (CPU.parallel_work, CPU.single_element) == (1024, 2.0)
+    assert (CPU.long, CPU.parallel_state) == (2048, 4096)
+    assert (CPU.inputs, CPU.inputs_length, CPU.inputs_state) == (2, 256, (640, 1280))
+
+
+@pytest.mark.parametrize(
+    "size,element,width,batch,steps",
+    [
+        # 2^19 Jacobian floats per block over the batch, as a power of two within 16..8192
+        (1024, 1024, 1, 4, 128),  # 2^19 / 4096
+        (1000, 1000, 1, 3, 128),  # 2^19 / 3000 = 174
+        (4096, 4096, 1, 4, 32),  # below the 64 steps of dense Jacobians' blocks
+        (4096, 4096, 1, 8, 16),  # exactly the lowest
+        (4096, 4096, 1, 16, 16),  # 8, raised to the lowest
+        (2048, 4096, 2, 4, 32),  # blocks of 2: n k floats per step
+        (36, 36 * 12, 12, 2, 512),  # blocks of 12: 2^19 / 864 = 606
+        (20, 20, 1, 1, 8192),  # 2^19 / 20 = 26214, capped
+        (64, 64 * 32, 32, 4, 64),  # blocks of half the carry still keep their structure
+    ],
+)
+def test_on_cpus_structured_maps_are_scanned_in_blocks_of_a_fixed_budget(
+    size, element, width, batch, steps
+):
+    auto = bppsa.Auto(profile=CPU)
+    for length in (17, CPU.long - 1, CPU.long, CPU.long + 1, 5 * CPU.long):  # T plays no part
+        chosen = auto.choose(length, size, "cpu", batch=batch, element=element, width=width)
+        assert chosen == sequential_blocks(steps), (length, chosen)
+        parallel = auto.parallel(length, size, "cpu", batch=batch, element=element, width=width)
+        assert parallel == chosen
+
+
+def test_on_cpus_maps_as_wide_as_the_carry_are_dense():
+    """``width == n``: products are dense, whatever the element stores."""
+    auto = bppsa.Auto(profile=CPU)
+    assert auto.choose(4096, 64, "cpu", batch=8, element=64 * 64, width=64) == bppsa.Sequential()
+    wide = auto.parallel(4096, 64, "cpu", batch=8, element=64 * 64, width=64)
+    assert wide == sequential_blocks(64)  # the dense budget, 2^20 / 32768 = 32, raised to 64
+    # Blocks of half the carry keep their structure: the structured budget and lower bound.
+    half = auto.choose(4096, 64, "cpu", batch=8, element=64 * 32, width=32)
+    assert half == sequential_blocks(32)  # 2^19 / 16384
+
+
+def test_on_cpus_one_example_outside_vmap_scans_maps_of_two_floats_per_carry_float():
+    auto = bppsa.Auto(profile=CPU)
+    n = 1024
+    # Blocks of 2 store 2 n floats: exactly the profile's single_element per carry float.
+    pairs = auto.choose(4096, n, "cpu", element=2 * n, width=2, single=True)
+    assert pairs == sequential_blocks(256)  # 2^19 / 2048
+    assert auto.choose(4096, n, "cpu", element=n, width=1, single=True) == bppsa.Sequential()
+    assert auto.choose(4096, n, "cpu", element=2 * n - 1, width=2, single=True) == (
+        bppsa.Sequential()
+    )
+    assert auto.choose(4096, n, "cpu", element=n, width=1) == sequential_blocks(512)
+
+
+@pytest.mark.parametrize(
+    "length,batch,inputs,dense_products,blocks_of_4",
+    [
+        # From `long` steps on, maps whose products are dense (a GRU's 4 n floats, say) are
+        # scanned up to parallel_state carry floats over the batch.
+        (2048, 32, 0, sequential_blocks(64), sequential_blocks(32)),  # 32 x 128: at the limit
+        (2047, 32, 0, bppsa.Sequential(), sequential_blocks(32)),  # one step short
+        (2048, 33, 0, bppsa.Sequential(), sequential_blocks(16)),  # 4224 carry floats
+        (100_000, 32, 0, sequential_blocks(64), sequential_blocks(32)),
+        # Shorter scans with inputs: up to 640 carry floats from 256 steps, 1280 from 512.
+        (256, 5, 2, sequential_blocks(256), sequential_blocks(128)),  # 640
+        (256, 6, 2, bppsa.Sequential(), sequential_blocks(128)),  # 768
+        (255, 5, 2, bppsa.Sequential(), sequential_blocks(128)),
+        (256, 5, 1, bppsa.Sequential(), sequential_blocks(128)),  # too few inputs
+        (512, 10, 2, sequential_blocks(128), sequential_blocks(64)),  # 1280
+        (511, 10, 2, bppsa.Sequential(), sequential_blocks(64)),
+        (512, 11, 2, bppsa.Sequential(), sequential_blocks(64)),  # 1408
+    ],
+)
+def test_on_cpus_maps_with_dense_products_are_scanned_by_length_and_batch(
+    length, batch, inputs, dense_products, blocks_of_4
+):
+    """``n = 128``, ``4 n`` floats per step (more than parallel_work over the batch); the same
+    floats as ``4 x 4`` blocks keep their structure and are scanned at every length."""
+    auto = bppsa.Auto(profile=CPU)
+    options = dict(batch=batch, element=4 * 128, inputs=inputs)
+    assert auto.choose(length, 128, "cpu", **options) == dense_products
+    assert auto.choose(length, 128, "cpu", **options, width=4) == blocks_of_4
+
+
+def block_pairs(params, h, x):  # a user's cell of 2 x 2 blocks over units (2i, 2i + 1)
+    pairs = jnp.einsum("gij,gj->gi", params["a"], h.reshape(-1, 2)).reshape(h.shape)
+    return jnp.tanh(pairs + params["w"] @ x)
+
+
+@pytest.mark.parametrize(
+    "cell,batch,jacobians,backward",
+    [
+        (block_pairs, 256, "autodiff, block-diagonal k=2", sequential_blocks(16)),
+        (block_pairs, 128, "autodiff, block-diagonal k=2", sequential_blocks(32)),
+        (indrnn, 256, "autodiff, diagonal", sequential_blocks(32)),
+        (dense_rnn, 256, "autodiff", bppsa.Sequential()),
+    ],
+    ids=["pairs-256", "pairs-128", "diagonal", "dense"],
+)
+def test_a_traced_scan_runs_the_pick_for_its_structure_and_batch(cell, batch, jacobians, backward):
+    """From the Jacobians the scan finds in the cell: ``n k`` floats per step, blocks of
+    ``2^19 / (B n k)`` steps (under 64); dense Jacobians keep back-propagation."""
+    hidden, length = 64, CPU.long
+    params = {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes(hidden).items()}
+    params["a"] = jnp.zeros((hidden // 2, 2, 2))
+    xs = jax.ShapeDtypeStruct((batch, length, 8), jnp.float32)
+
+    def loss(params, xs):
+        def one(x):
+            return bppsa.scan(lambda h, x: (cell(params, h, x), None), jnp.zeros(hidden), x)[0]
+
+        return jax.vmap(one)(xs).sum()
+
+    with bppsa.trace_plans() as plans:
+        jax.eval_shape(jax.grad(loss), params, xs)
+    (plan,) = plans
+    assert (plan.jacobians, plan.length, plan.batch) == (jacobians, length, batch)
+    assert plan.method == backward
+    if backward != bppsa.Sequential():
+        assert plan.backward == backward

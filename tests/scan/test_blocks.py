@@ -20,6 +20,7 @@ from bppsa.scan import (
     concat,
     sequential,
 )
+from bppsa.scan._blocks import SMALL_BLOCK
 
 GROUPINGS = [
     (1, None),  # k = 1: a diagonal map in block form
@@ -192,3 +193,85 @@ def test_chunked_aggregates_keep_the_structure(kind):
     assert (7, 6) in dense_rows  # the check can fail: dense maps do form the rows
     structured = {s[-2:] for s in _shapes(jax.make_jaxpr(run)(g, maps, None).jaxpr)}
     assert (7, 6) not in structured and (6, 6) not in structured
+
+
+# Blocks past SMALL_BLOCK (8) act by a batched matmul instead of the multiply-and-sum loop.
+LARGE_GROUPINGS = [
+    (12, None),
+    (12, tuple(int(i) for i in np.random.default_rng(12).permutation(36))),
+    (16, None),
+    (16, block_grouping((16, 16))),
+]
+
+
+def dense_reference(element: BlockDiagonal) -> np.ndarray:
+    """``P^T diag(blocks) P`` in numpy, independent of ``to_dense``: ``A[perm[i], perm[j]]`` is
+    entry ``(i, j)`` of the block-diagonal matrix."""
+    blocks = np.asarray(element.blocks)
+    g, k = blocks.shape[-3:-1]
+    n = g * k
+    perm = np.arange(n) if element.perm is None else np.asarray(element.perm)
+    dense = np.zeros((*blocks.shape[:-3], n, n))
+    for b in range(g):
+        members = perm[b * k : (b + 1) * k]
+        dense[..., members[:, None], members[None, :]] = blocks[..., b, :, :]
+    return dense
+
+
+@pytest.mark.parametrize("k,perm", LARGE_GROUPINGS)
+def test_large_blocks_apply_rows_transpose_and_diagonal_match_the_dense_form(k, perm, x64):
+    assert k > SMALL_BLOCK
+    n = 36 if k == 12 else 32
+    rng = np.random.default_rng(100 + k)
+    a = with_perm(blocks(rng, 3, k, n=n), perm)
+    dense = dense_reference(a)  # (3, 2, n, n), blocks not symmetric
+    assert not np.allclose(dense, np.swapaxes(dense, -1, -2))
+    np.testing.assert_allclose(a.to_dense().a, dense, rtol=0, atol=0)
+    v = rng.normal(size=(3, 2, n))
+    np.testing.assert_allclose(a.apply(jnp.asarray(v)), np.einsum("...ij,...j->...i", dense, v))
+    y = rng.normal(size=(3, 2, 5, n))  # 5 rows, each acted on as a vector
+    expected_rows = y @ np.swapaxes(dense, -1, -2)
+    np.testing.assert_allclose(a.apply_to_rows(jnp.asarray(y)), expected_rows, rtol=1e-12)
+    transposed = a.transpose()
+    assert isinstance(transposed, BlockDiagonal) and transposed.perm == a.perm
+    np.testing.assert_allclose(dense_reference(transposed), np.swapaxes(dense, -1, -2))
+    np.testing.assert_allclose(a.diagonal().d, np.diagonal(dense, axis1=-2, axis2=-1))
+
+
+@pytest.mark.parametrize("k,perm", LARGE_GROUPINGS)
+def test_large_block_products_keep_the_blocks_and_equal_the_dense_products(k, perm, x64):
+    n = 36 if k == 12 else 32
+    rng = np.random.default_rng(200 + k)
+    later, earlier = (with_perm(blocks(rng, 3, k, n=n), perm) for _ in range(2))
+    shared = with_perm(blocks(rng, 3, k, n=n, batch=()), perm)  # one map for every example
+    for product, expected in (
+        (later.then(earlier), dense_reference(earlier) @ dense_reference(later)),
+        (later.then(shared), dense_reference(shared)[:, None] @ dense_reference(later)),
+        (shared.then(earlier), dense_reference(earlier) @ dense_reference(shared)[:, None]),
+    ):
+        assert isinstance(product, BlockDiagonal) and product.perm == later.perm
+        assert product.blocks.shape == (3, 2, n // k, k, k)
+        np.testing.assert_allclose(dense_reference(product), expected, rtol=1e-12, atol=1e-12)
+    d = Diagonal(jnp.asarray(rng.normal(size=(3, 2, n))))
+    d_dense = np.asarray(d.d)[..., :, None] * np.eye(n)
+    for mixed, expected in (
+        (later.then(d), d_dense @ dense_reference(later)),  # diag after the blocks
+        (d.then(earlier), dense_reference(earlier) @ d_dense),  # diag before them
+    ):
+        assert isinstance(mixed, BlockDiagonal)
+        np.testing.assert_allclose(dense_reference(mixed), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", ["blelloch", "chunked-3"])
+def test_the_scans_over_large_blocks_match_a_python_loop(algorithm, x64):
+    """Every product of the scan goes through the matmul branch of the block products."""
+    rng = np.random.default_rng(16)
+    maps = with_perm(blocks(rng, 5, 12, n=24), block_grouping((12, 12)))
+    b = rng.normal(size=(5, 2, 24))
+    g = rng.normal(size=(2, 24))
+    dense = dense_reference(maps)
+    expected = [g]
+    for t in reversed(range(5)):
+        expected.append(np.einsum("bij,bj->bi", dense[t], expected[-1]) + b[t])
+    actual = ALGORITHMS[algorithm](jnp.asarray(g), maps, jnp.asarray(b))
+    np.testing.assert_allclose(actual, np.stack(expected[::-1]), rtol=1e-10, atol=1e-12)
