@@ -12,7 +12,16 @@ constants of each backend (:class:`Profile`, :func:`get_profile`, :func:`set_pro
 :class:`AnalyticJacobianWarning`.
 """
 
-from bppsa import jacobians, models, scan
+from typing import TYPE_CHECKING
+
+from bppsa import jacobians, models
+
+if TYPE_CHECKING:  # bppsa.scan is a callable module: the function, with the subpackage's names
+    from bppsa.scan import _ScanModule
+
+    scan: _ScanModule
+else:
+    from bppsa import scan
 from bppsa.jacobians import AnalyticJacobianWarning
 from bppsa.scan._core.api import estimate_memory
 from bppsa.scan._core.auto_forward import AutoForward

@@ -85,14 +85,52 @@ __all__ = [
 ]
 
 
-class _CallableModule(_types.ModuleType):
-    """The module ``bppsa.scan``, callable as the function ``bppsa.scan``."""
+class _ScanModule(_types.ModuleType):
+    """The module ``bppsa.scan``, callable as the function ``bppsa.scan``.
 
-    def __call__(self, *args, **kwargs):
-        return _scan(*args, **kwargs)
+    To type checkers (``bppsa/__init__.py`` declares ``scan`` with this type), this class is
+    what ``bppsa.scan`` is: the function's signature, and the names of ``__all__``, which it
+    lists again as class attributes (functions as static methods; ``tests/test_public_api.py``
+    keeps the two lists equal).
+    """
 
-    __call__.__doc__ = _scan.__doc__
+    __call__ = staticmethod(_scan)
+
+    METHODS = METHODS
+    Auto = Auto
+    Blelloch = Blelloch
+    BlockDiagonal = BlockDiagonal
+    Blocked = Blocked
+    ChainRow = ChainRow
+    Chunked = Chunked
+    Dense = Dense
+    Diagonal = Diagonal
+    JacobianMethod = JacobianMethod
+    MapStack = MapStack
+    Method = Method
+    Pattern = Pattern
+    ProductPlan = ProductPlan
+    Sequential = Sequential
+    SequentialScan = SequentialScan
+    Sharded = Sharded
+    Sparse = Sparse
+    Structured = Structured
+    aggregate = staticmethod(aggregate)
+    apply = staticmethod(apply)
+    blelloch = staticmethod(blelloch)
+    block_grouping = staticmethod(block_grouping)
+    chain_memory = staticmethod(chain_memory)
+    chain_plan = staticmethod(chain_plan)
+    chain_scan = staticmethod(chain_scan)
+    chunked = staticmethod(chunked)
+    combine = staticmethod(combine)
+    compose = staticmethod(compose)
+    concat = staticmethod(concat)
+    default_chunks = staticmethod(default_chunks)
+    product_plan = staticmethod(product_plan)
+    resolve = staticmethod(resolve)
+    sequential = staticmethod(sequential)
 
 
 __signature__ = _inspect.signature(_scan)
-_sys.modules[__name__].__class__ = _CallableModule
+_sys.modules[__name__].__class__ = _ScanModule
