@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 MUTATE_STAMP := $(VENV)/.installed-mutate
 
-.PHONY: demo test docs lint format clean shakespeare mutate
+.PHONY: demo test test-newest-jax docs lint format clean shakespeare mutate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,28 @@ demo: $(STAMP)
 # compilation, one core each.
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+# The core tests (tests/core, tests/scan, the scan's transformations) on the newest JAX that
+# pyproject.toml admits, in a second environment, .venv-newest: JAX 0.11 and later need Python
+# >= 3.12, so it is made with the newest such interpreter on the machine (NEWEST_PYTHON, found on
+# the PATH or among pyenv's versions; set it to choose another). .ci/run runs it after make test.
+NEWEST_VENV := .venv-newest
+NEWEST_PYTHON ?= $(shell for p in python3.13 python3.12 \
+	$$(ls -d $$(pyenv root 2>/dev/null)/versions/3.1[23]*/bin/python3 2>/dev/null | sort -rV); do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && echo $$p && break; done)
+NEWEST_STAMP := $(NEWEST_VENV)/.installed-newest-jax
+
+$(NEWEST_STAMP): pyproject.toml
+	@test -n "$(NEWEST_PYTHON)" || { echo "make test-newest-jax: no Python >= 3.12 found; set NEWEST_PYTHON" >&2; exit 1; }
+	$(NEWEST_PYTHON) -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[newest-jax]" jax jaxlib
+	touch $@
+
+test-newest-jax: $(NEWEST_STAMP)
+	$(NEWEST_VENV)/bin/python -c "import jax, sys; print('JAX', jax.__version__, 'on Python', sys.version.split()[0])"
+	$(NEWEST_VENV)/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider \
+		tests/core tests/scan tests/test_scan.py tests/test_transformations.py
 
 # The documentation site: the README's front page, the pages of docs/ (guide, performance,
 # experiments, design, ...) and the API reference from the docstrings, in
@@ -82,4 +104,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache docs/_build mutants
+	rm -rf $(VENV) $(NEWEST_VENV) .pytest_cache docs/_build mutants

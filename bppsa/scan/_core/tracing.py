@@ -34,7 +34,7 @@ _problems: dict[str, str] = {}
 
 # The JAX minor versions these reads (and the extension API of bppsa.scan._core.linear and
 # bppsa.scan._core.dependence) were tested with; pyproject.toml bounds the dependency to them.
-TESTED_JAX = ("0.10",)
+TESTED_JAX = ("0.10", "0.11", "0.12")
 if ".".join(jax.__version__.split(".")[:2]) not in TESTED_JAX:
     _problems["version"] = (
         f"JAX {jax.__version__} is not among the versions bppsa's reads of JAX internals were "
