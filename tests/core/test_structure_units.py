@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 from bppsa.scan import BlockDiagonal, Diagonal
+from bppsa.scan._core.dependence import depends_on
 from bppsa.scan._core.structure import (
     Dependencies,
     carry_dependencies,
@@ -260,3 +261,25 @@ def test_a_start_index_closed_over_as_an_array_is_read():
     deps = carry_dependencies(step, h)
     np.testing.assert_array_equal(deps.sets, [[2], [3], [0], [1]])
     assert classify(deps).perm == (0, 2, 1, 3)
+
+
+# depends_on: the leaf-level pass that decides whether a body's Jacobians may be analytic.
+
+
+def test_depends_on_lists_the_labels_each_output_may_depend_on():
+    def fun(a, pair, c):
+        u, v = pair
+        return a * u, jnp.sin(v) + 1.0, c + 2, jnp.ones(3)
+
+    args = (jnp.ones(3), (jnp.ones(3), jnp.ones(3)), jnp.ones(3))
+    found = depends_on(fun, args, ["a", "u", "v", None])
+    assert found == [frozenset({"a", "u"}), frozenset({"v"}), frozenset(), frozenset()]
+
+
+def test_depends_on_follows_every_output_of_an_equation():
+    def fun(a, b):
+        first, second = jnp.split(jnp.concatenate([a, b]), 2)
+        return second * 2.0, first
+
+    found = depends_on(fun, (jnp.ones(2), jnp.ones(2)), ["a", "b"])
+    assert found == [frozenset({"a", "b"})] * 2  # an equation's outputs inherit all its inputs
