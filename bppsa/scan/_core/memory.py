@@ -3,12 +3,12 @@
 The backward methods trade memory for depth: ``Blelloch()`` forms about ``T`` dense products of
 ``n x n`` Jacobians, ``Chunked()`` keeps ``O(sqrt T)`` of them, a blocked sequential scan
 (``Blocked(SequentialScan(), K)``) none.
-When the backward pass of a scan is about to be traced, the method's ``fit`` (see
-:class:`bppsa.Method`) estimates what it needs for that scan (its ``memory``, from the model
-here) and compares it with a limit (the user's ``memory_limit``, else the default device's
-available memory). Too much: an automatic method (``bppsa.Auto()``) switches to the largest
-lower-memory method that fits; an explicit one raises :class:`MemoryLimitError` with the
-estimate, the limit and the alternatives that fit.
+When the backward pass of a scan is about to be traced,
+:func:`bppsa.scan._core.methods.policy.fit` estimates what the method needs for that scan (its
+``memory``, from the model here) and compares it with a limit (the user's ``memory_limit``,
+else the default device's available memory). Too much: an automatic method (``bppsa.Auto()``)
+switches to the largest lower-memory method that fits; an explicit one raises
+:class:`MemoryLimitError` with the estimate, the limit and the alternatives that fit.
 
 The estimate is a model, not a measurement: bytes of the arrays the scan's forward and backward
 keep alive at their peak (the carries kept for the backward, the Jacobians and the per-step

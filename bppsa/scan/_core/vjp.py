@@ -10,8 +10,8 @@ that entered every step, and returns the tangents through
   ``dh_t = J_t dh_{t-1} + u_t`` (``u_t`` what the step's inputs and parameters send), solved by
   the method's own linear scan over the steps' Jacobians, in time order (:func:`tangents`);
 * transposed (``jax.grad``, ``jax.vjp``, ``jax.jacrev``), it is the method's backward: the
-  requested method's ``fit`` picks the concrete method for this scan's footprint and memory
-  limit, which back-propagates the cotangents (:func:`cotangents`).
+  policy's ``fit`` picks the requested method's concrete method for this scan's footprint and
+  memory limit, which back-propagates the cotangents (:func:`cotangents`).
 
 Higher orders compose: the rule calls the scan itself for its primal (a variant that also
 returns the carries), so an outer derivative goes through the same rule again.
@@ -92,8 +92,8 @@ def jacobian_scan(
     """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA derivatives.
 
     Args:
-        requested: the method the scan was asked for; its ``fit`` picks the concrete method of
-            the backward when the backward is traced.
+        requested: the method the scan was asked for; ``policy.fit`` picks the concrete
+            method of the backward from it when the backward is traced.
         problem: the prepared scan.
         forward: the forward slot.
         memory_limit: bytes (``None``: the default device's available memory).
@@ -160,7 +160,7 @@ class _Setup:
 
     @functools.cached_property
     def fitted(self) -> Method:
-        """The concrete method for this scan (``requested.fit``), chosen once per scan: the
+        """The concrete method for this scan (``policy.fit`` of ``requested``), chosen once: the
         whole-batch backward and the one-by-one path it may hand over to share it."""
         return policy.fit(self.requested, self.problem.footprint, self.memory_limit)
 

@@ -1,9 +1,11 @@
 """Backward methods: objects that own how a scan is differentiated, one file each.
 
 A method decides, for a scan's footprint, which concrete backward runs (``concrete``; ``Auto``
-is a policy that returns another method), what memory it needs (``memory``) and what runs
-within a memory limit (``fit``), and carries out the backward (``differentiable``: the scan as a
-differentiable function; for Jacobian methods, ``backward`` and their linear ``scan``).
+is a policy that returns another method), what memory it needs (``memory``) and what it costs
+(``cost``), and, for Jacobian methods, carries out the backward (``backward`` and their linear
+``scan``). What runs within a memory limit is :func:`~bppsa.scan._core.methods.policy.fit`'s
+choice, and :func:`bppsa.scan._core.vjp.differentiable` wires the chosen method into the scan
+as a differentiable function.
 :class:`Blocked` wraps any Jacobian method to run its backward in time blocks. Adding a method
 is adding a file here and a name in :mod:`bppsa.scan._core.methods.resolve` if it takes no
 arguments.
