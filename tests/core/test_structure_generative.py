@@ -126,6 +126,11 @@ OPS = {
     "dynamic_update_slice_at_x": lambda v, x, w: lax.dynamic_update_slice(
         v, 2.0 * v[:3], (4 * (x[0] > 0).astype(jnp.int32),)
     ),
+    "dynamic_update_slice_columns": lambda v, x, w: (  # pairs (0, 1), (2, 3) of each row
+        lambda g: lax.dynamic_update_slice(
+            lax.dynamic_update_slice(g, g[:, :1] + g[:, 1:2], (0, 0)), g[:, 2:3] + g[:, 3:], (0, 2)
+        ).ravel()
+    )(_grid(v, 3)),
     "cumsum_3d": lambda v, x, w: 0.3 * jnp.cumsum(v.reshape(2, 2, 3), axis=2).ravel(),
     "cond_constant": lambda v, x, w: sum(
         lax.cond(x[0] > 0, lambda u: (jnp.tanh(u), jnp.ones(N)), lambda u: (u, jnp.zeros(N)), v)
@@ -364,6 +369,7 @@ EXPECTED = {
     "dynamic_slice_at_x": "dense (dynamic_slice at a runtime index)",
     "dynamic_slice_clamped": "block-diagonal k=2",
     "dynamic_update_slice_at_x": "dense (dynamic_update_slice at a runtime index)",
+    "dynamic_update_slice_columns": "block-diagonal k=2",
     "flip": "block-diagonal k=2",
     "fori": "dense (unknown primitive scan)",
     "gather": "dense (unknown primitive gather)",

@@ -142,6 +142,7 @@ def test_a_carry_of_shape_dtype_structs_is_read_by_its_shapes():
 
     scalar = carry_dependencies(lambda h: 2 * h, jax.ShapeDtypeStruct((4,), jnp.float32))
     np.testing.assert_array_equal(scalar.sets, [[0], [1], [2], [3]])
+    assert deps.sets.dtype == scalar.sets.dtype == np.int32  # max_block ints per element
 
 
 def test_a_carry_without_float_leaves_has_no_units():
