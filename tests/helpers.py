@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Tolerances on the normwise relative error max|a - b| / max|b| of each gradient leaf.
 # Normwise, because BPPSA sums the same products in a different order than back-propagation:
@@ -20,6 +21,18 @@ import pytest
 # for RNN, GRU and LSTM (benchmarks/gradient_error.py), so 1e-5 leaves a 30x margin while an
 # ordering bug (errors of ~1e-2) still fails.
 RTOL = {jnp.dtype("float64"): 1e-10, jnp.dtype("float32"): 1e-5}
+
+
+def derandomized(max_examples: int, *also_suppress: HealthCheck) -> settings:
+    """hypothesis settings that draw the same ``max_examples`` every run (no database, no
+    deadline): a property test that cannot fail by chance."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, *also_suppress],
+    )
 
 
 def marked_slow(*values) -> list:

@@ -25,12 +25,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
-from tests.helpers import assert_close_to_back_propagation, assert_trees_close, marked_slow
+from tests.helpers import (
+    assert_close_to_back_propagation,
+    assert_trees_close,
+    derandomized,
+    marked_slow,
+)
 
 METHOD_LIST = [
     bppsa.Blelloch(),
@@ -56,18 +61,8 @@ SHORT_LENGTHS = st.integers(0, 1)
 LEAF_SHAPES = st.sampled_from([(), (1,), (3,), (2, 2), (0,)])
 
 
-def _settings(max_examples):
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
-
-PER_METHOD = _settings(5)  # x 9 methods, per property
-SHORT = _settings(10)
+PER_METHOD = derandomized(5)  # x 9 methods, per property
+SHORT = derandomized(10)
 
 
 def precision(name):

@@ -6,6 +6,8 @@ the entry, and must cost nothing when off. Correct structures must pass it, grad
 ``lax.scan``'s.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,28 +23,22 @@ def _xs(seed=0, t=T, n=N):
     return jax.random.normal(jax.random.key(seed), (t, n))
 
 
-def _loss(body, xs, method="blelloch", reverse=False, **options):
+def _loss(body, xs, method="blelloch", reverse=False, scan=bppsa.scan, **options):
+    """``a -> |final carry|^2`` of ``body`` scanned over ``xs`` (``scan=jax.lax.scan``: the
+    reference, without bppsa's options)."""
+    if scan is bppsa.scan:
+        scan = functools.partial(scan, method=method, **options)
+
     def loss(a):
-        carry = bppsa.scan(
-            lambda h, x: (body(a, h, x), None),
-            jnp.ones(xs.shape[-1]),
-            xs,
-            method=method,
-            reverse=reverse,
-            **options,
-        )[0]
+        step = lambda h, x: (body(a, h, x), None)
+        carry, _ = scan(step, jnp.ones(xs.shape[-1]), xs, reverse=reverse)
         return (carry**2).sum()
 
     return loss
 
 
 def _reference(body, xs, reverse=False):
-    def loss(a):
-        carry = jax.lax.scan(lambda h, x: (body(a, h, x), None), jnp.ones(xs.shape[-1]), xs,
-                             reverse=reverse)[0]  # fmt: skip
-        return (carry**2).sum()
-
-    return loss
+    return _loss(body, xs, reverse=reverse, scan=jax.lax.scan)
 
 
 def reversal(a, h, x):  # d new_h[i] / d h[N - 1 - i]: anti-diagonal

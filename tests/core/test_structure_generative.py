@@ -27,13 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, given
 from hypothesis import strategies as st
 from jax import lax
 
 import bppsa
 from bppsa.scan._core.carry import Layout
 from bppsa.scan._core.structure import carry_dependencies, classify
+from tests.helpers import derandomized
 
 N = 12  # the packed carry (divisible by 2, 3, 4 and 6 for the reshapes)
 
@@ -270,17 +271,9 @@ CARRY_KINDS = st.sampled_from(sorted(CARRIES))
 SEEDS = st.integers(0, 3)
 
 
-def _settings(max_examples):
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
+def _settings(max_examples):  # the x64 fixture is function-scoped; bodies may draw long lists
+    return derandomized(
+        max_examples, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture
     )
 
 

@@ -61,22 +61,23 @@ def steps_with_jacobians(
                 jac_t = coloured_jacobian_t(carry_map, point, structure)
         return (new_carry, y), jac_t
 
-    def checked(outputs, consts, carries, xs, examples):
-        if check and outputs[1] is not None:
+    def check_steps(jac_t, consts, carries, xs, examples):
+        if check and jac_t is not None:
             structure_check.check(
                 carry_map_at,
                 layout.pack,
-                outputs[1],
+                jac_t,
                 consts,
                 carries,
                 xs,
                 examples=examples,
                 reverse=reverse,
             )
-        return outputs
 
     def over_steps(consts, carries, xs):  # one leading axis of steps, consts shared
-        return checked(_stacked(one, consts, carries, xs)[0], consts, carries, xs, None)
+        outputs = _stacked(one, consts, carries, xs)[0]
+        check_steps(outputs[1], consts, carries, xs, None)
+        return outputs
 
     def over_steps_and_examples(consts, carries, xs):
         # (T, B, ...) as one axis of T * B steps: the VJP's products for the consts then
@@ -90,7 +91,7 @@ def steps_with_jacobians(
             return jax.tree.map(lambda a: a.reshape(*lead, *a.shape[1:]), outputs)
 
         outputs, axes = _stacked(one, consts, *merged)
-        checked(outputs, consts, *merged, lead[1])
+        check_steps(outputs[1], consts, *merged, lead[1])
         return jax.tree.map(split, axes, outputs, is_leaf=_is_none)
 
     return over_steps_and_examples if batched else over_steps
