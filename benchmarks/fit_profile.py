@@ -2,7 +2,7 @@
 
 **CPU** (the default): reads the JSON files of ``benchmarks.speed`` (every row keeps the HLO count
 of each compiled backward: kernels in sequence, flops, bytes; see :mod:`benchmarks._speed_model`)
-and fits the :class:`bppsa.Profile`'s rates (step latency, FLOP rate, bandwidth) that best
+and fits the :class:`bppsa.Rates` of a profile (step latency, FLOP rate, bandwidth) that best
 predict the measured median backward times (:func:`benchmarks.hlo_cost.fit_profile`, least
 squares in log time). A device's ``backward_ms`` is read only where it was timed as its own
 program (below): elsewhere it is ``total - forward``.
@@ -352,10 +352,10 @@ def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None
         f"measured/model: median {statistics.median(ratios):.2f}, quartiles "
         f"{quartiles[0]:.2f}-{quartiles[-1]:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
     )
-    rates = {f: getattr(profile, f) for f in ("step_latency", "flops", "bandwidth")}
+    rates = {f: getattr(profile.rates, f) for f in ("step_latency", "flops", "bandwidth")}
     print(
         f"to use it: bppsa.set_profile({backend!r}, dataclasses.replace(bppsa.get_profile("
-        f"{backend!r}), {', '.join(f'{k}={v:.4g}' for k, v in rates.items())}))"
+        f"{backend!r}), rates=bppsa.Rates({', '.join(f'{k}={v:.4g}' for k, v in rates.items())})))"
     )
     if args.out:
         write_json(
@@ -389,8 +389,9 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         margin=args.margin,
     )
     print(
-        f"fitted: {profile.step_latency * 1e6:.2f} us per step, {profile.flops / 1e12:.0f} "
-        f"TFLOP/s, {profile.bandwidth / 1e12:.2f} TB/s over {len(measured)} timings"
+        f"fitted: {profile.rates.step_latency * 1e6:.2f} us per step, "
+        f"{profile.rates.flops / 1e12:.0f} TFLOP/s, {profile.rates.bandwidth / 1e12:.2f} TB/s "
+        f"over {len(measured)} timings"
     )
     table = []
     for row in rows or []:
@@ -435,8 +436,8 @@ def main(argv=None) -> None:
     profile = hlo_cost.fit_profile([(c, t) for _, c, t in rows], name)
     ratios = hlo_cost.errors([(c, t) for _, c, t in rows], profile)
     print(
-        f"fitted: {profile.step_latency * 1e9:.1f} ns per kernel, "
-        f"{profile.flops / 1e9:.1f} GFLOP/s, {profile.bandwidth / 1e9:.1f} GB/s "
+        f"fitted: {profile.rates.step_latency * 1e9:.1f} ns per kernel, "
+        f"{profile.rates.flops / 1e9:.1f} GFLOP/s, {profile.rates.bandwidth / 1e9:.1f} GB/s "
         f"over {len(rows)} backward passes"
     )
     timed = [(label, seconds, r) for (label, _, seconds), r in zip(rows, ratios, strict=True)]

@@ -4,7 +4,7 @@
 tallies the kernels it runs one after another (``steps``), their floating-point operations and
 the bytes they move in device memory: the terms of :class:`bppsa.scan._core.cost.Cost`, measured on
 the program XLA actually runs instead of derived by hand. :func:`fit_profile` then finds the
-:class:`~bppsa.scan._core.cost.Profile` under which such counts best predict measured times.
+:class:`bppsa.Rates` under which such counts best predict measured times.
 
 Rules: a ``fusion``, ``dot``, ``custom-call`` or any other op outside a fusion is one kernel that
 reads its operands and writes its result (a ``dynamic-update-slice`` moves twice its update, in
@@ -36,7 +36,7 @@ from typing import Protocol
 import numpy as np
 
 from bppsa.scan._core.cost import Cost
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._profile import Profile, Rates, get_profile
 
 # An assumption: a transcendental is evaluated as a short polynomial, a few FMAs on every device
 # (XLA's own cost analysis counts them apart from flops).
@@ -395,13 +395,8 @@ def fit_profile(
 def with_rates(base: Profile, name: str, point) -> Profile:
     """``base`` with the cost model's rates of ``point = (latency, flops, bandwidth)``."""
     latency, rate, bandwidth = point
-    return dataclasses.replace(
-        base,
-        name=name,
-        flops=float(rate),
-        bandwidth=float(bandwidth),
-        step_latency=float(latency),
-    )
+    rates = Rates(flops=float(rate), bandwidth=float(bandwidth), step_latency=float(latency))
+    return dataclasses.replace(base, name=name, rates=rates)
 
 
 def errors(samples: list[tuple[Cost, float]], profile: Profile) -> list[float]:

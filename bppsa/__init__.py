@@ -2,14 +2,14 @@
 
 Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass; also the
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
-(``jax.grad`` with the backward method chosen in one place), the methods :class:`Auto`,
-:class:`Blelloch`, :class:`Blocked`, :class:`Chunked`, :class:`Sequential`,
-:class:`SequentialScan` and :class:`Sharded`
-(subclasses of :class:`Method`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
+(``jax.grad`` with the backward method chosen in one place), the methods :class:`Blelloch`,
+:class:`Blocked`, :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan` and
+:class:`Sharded` (subclasses of :class:`Method`) and the policy :class:`Auto` that chooses
+among them (a :class:`Policy`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
 and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
 :class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided), the measured
-constants of each backend (:class:`Profile`, :func:`get_profile`, :func:`set_profile`) and
-:class:`AnalyticJacobianWarning`.
+constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules` and
+:class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and :class:`AnalyticJacobianWarning`.
 """
 
 from typing import TYPE_CHECKING
@@ -33,13 +33,14 @@ from bppsa.scan._core.methods import (
     Blocked,
     Chunked,
     Method,
+    Policy,
     Sequential,
     SequentialScan,
     Sharded,
 )
 from bppsa.scan._core.newton import Newton, NewtonInfo
 from bppsa.scan._core.plans import ScanPlan, trace_plans
-from bppsa.scan._profile import Profile, get_profile, set_profile
+from bppsa.scan._profile import Kernels, Profile, Rates, Rules, get_profile, set_profile
 
 __version__ = "0.1.0"
 
@@ -50,11 +51,15 @@ __all__ = [
     "Blelloch",
     "Blocked",
     "Chunked",
+    "Kernels",
     "MemoryLimitError",
     "Method",
     "Newton",
     "NewtonInfo",
+    "Policy",
     "Profile",
+    "Rates",
+    "Rules",
     "ScanPlan",
     "Sequential",
     "SequentialScan",

@@ -208,8 +208,12 @@ def breakdown(
         if isinstance(backward, bppsa.Auto):
             # Fig. 9 breaks BPPSA's time down: time the method Auto runs BPPSA with, even where
             # it would run plain back-propagation instead on this backend (large batches).
-            backward = backward.parallel(
-                data.frames, hidden, batch=point["batch"], element=GRU_ELEMENT * hidden
+            backward = backward.choose(
+                data.frames,
+                hidden,
+                batch=point["batch"],
+                element=GRU_ELEMENT * hidden,
+                jacobians=True,
             )
         row = _irmas_breakdown.measure(model, params, batch_list, backward, repeats, bar.update)
         resolved = f"{describe(method, data, hidden, point['batch'])} (timed: {backward!r})"

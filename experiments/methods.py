@@ -65,7 +65,7 @@ NEWTON_FORWARD = "newton"
 FORWARDS = (SEQUENTIAL_FORWARD, NEWTON_FORWARD)
 
 
-def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method:
+def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method | bppsa.Policy:
     """The method object of a name of one of ``forms``.
 
     Raises:
@@ -74,8 +74,8 @@ def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method:
     return build(method_names.parse(name, forms))
 
 
-def build(name: method_names.Name) -> bppsa.Method:
-    """The method object of a parsed name: a plain name through the library's own registry
+def build(name: method_names.Name) -> bppsa.Method | bppsa.Policy:
+    """The method object of a parsed name: a plain name through the library's own table
     (:func:`bppsa.scan.resolve`), a name with numbers in it by its numbers."""
     if name.form in method_names.LIBRARY:
         return bppsa.scan.resolve(method_names.LIBRARY[name.form])
@@ -146,7 +146,7 @@ def describe(
 def bind(
     loss: Callable[..., Any],
     *,
-    method: bppsa.Method | str | None = None,
+    method: bppsa.Method | bppsa.Policy | str | None = None,
     forward: bppsa.Newton | bppsa.AutoForward | str | None = None,
     memory_limit: float | None = None,
 ) -> Callable[..., Any]:

@@ -62,7 +62,7 @@ FORMS = (
 )
 ALIASES = {AUTO: BPPSA}
 # The plain names in the library's own words: what bppsa.scan.resolve(name) turns into a method
-# (the library's registry of names; tests/experiments/test_methods.py checks every one).
+# (the library's table of names; tests/experiments/test_methods.py checks every one).
 LIBRARY = {
     BP: "sequential",
     BPPSA: "auto",

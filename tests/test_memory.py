@@ -169,9 +169,9 @@ def test_fit_prefers_the_largest_fallback_that_fits():
     fallback = bppsa.Blocked(bppsa.SequentialScan(), 1024)
     smaller = bppsa.Blocked(bppsa.SequentialScan(), 256)
     limit = limit_between(estimates[smaller], estimates[fallback])
-    assert bppsa.Auto().fit(fp, limit, backend="cpu") == smaller
-    assert bppsa.Auto().fit(fp, math.inf, backend="cpu") == chosen
-    assert bppsa.Auto().fit(fp, math.inf, backend="gpu") == bppsa.Blelloch()
+    assert bppsa.Auto().scan_method(fp, limit, backend="cpu", jacobians=True) == smaller
+    assert bppsa.Auto().scan_method(fp, math.inf, backend="cpu", jacobians=True) == chosen
+    assert bppsa.Auto().scan_method(fp, math.inf, backend="gpu", jacobians=True) == bppsa.Blelloch()
 
 
 def test_the_vmapped_batch_counts():

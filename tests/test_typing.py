@@ -63,7 +63,7 @@ def test_the_readme_and_the_front_door_type_check(tmp_path):
 def test_a_wrong_argument_is_a_type_error(tmp_path):
     result = _mypy(tmp_path, {"wrong": WRONG})
     assert result.returncode == 1
-    assert 'Argument "method"' in result.stdout and "Method | str | None" in result.stdout
+    assert 'Argument "method"' in result.stdout and "Method | Policy | str | None" in result.stdout
 
 
 def test_the_type_of_bppsa_scan_lists_the_names_of_the_subpackage():

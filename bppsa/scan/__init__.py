@@ -37,11 +37,12 @@ from bppsa.scan._core.methods import (
     Blelloch,
     Blocked,
     Chunked,
-    JacobianMethod,
     Method,
+    Policy,
     Sequential,
     SequentialScan,
     Sharded,
+    Supports,
     resolve,
 )
 from bppsa.scan._elements import Dense, Diagonal, MapStack, Structured, concat
@@ -57,16 +58,17 @@ __all__ = [
     "Chunked",
     "Dense",
     "Diagonal",
-    "JacobianMethod",
     "MapStack",
     "Method",
     "Pattern",
+    "Policy",
     "ProductPlan",
     "Sequential",
     "SequentialScan",
     "Sharded",
     "Sparse",
     "Structured",
+    "Supports",
     "aggregate",
     "apply",
     "blelloch",
@@ -105,16 +107,17 @@ class _ScanModule(_types.ModuleType):
     Chunked = Chunked
     Dense = Dense
     Diagonal = Diagonal
-    JacobianMethod = JacobianMethod
     MapStack = MapStack
     Method = Method
     Pattern = Pattern
+    Policy = Policy
     ProductPlan = ProductPlan
     Sequential = Sequential
     SequentialScan = SequentialScan
     Sharded = Sharded
     Sparse = Sparse
     Structured = Structured
+    Supports = Supports
     aggregate = staticmethod(aggregate)
     apply = staticmethod(apply)
     blelloch = staticmethod(blelloch)

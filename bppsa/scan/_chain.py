@@ -144,8 +144,8 @@ def chain_plan(
             else 1). Matrix-vector products form ``batch`` vectors.
         per_example: for patterns and tuples, whether the map is one per example (a ReLU's);
             maps given as a :class:`MapStack` say it by their shapes.
-        densify_density, densify_pair_ratio: the thresholds of a dense product (``None``: the
-            default backend's :class:`bppsa.Profile`).
+        densify_density, densify_pair_ratio: the thresholds of a dense product (``None``:
+            those of the kernels in force, :func:`bppsa.scan._kernels.current`).
 
     Returns:
         One :class:`ChainRow` per product, operands before results.

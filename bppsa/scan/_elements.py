@@ -27,9 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-from bppsa.scan import _precision
+from bppsa.scan import _kernels, _precision
 from bppsa.scan._pattern import expand_values
-from bppsa.scan._profile import get_profile
 
 
 class MapStack(abc.ABC):
@@ -239,7 +238,7 @@ class Structured(MapStack):
             scaled = self.d * v
         if self._small(v.shape):
             # A few small rows (a sequential scan's step at a small batch): one fused
-            # multiply-and-sum beats a matrix-product call (the profile's small_rows).
+            # multiply-and-sum beats a matrix-product call (Kernels.small_rows).
             out = (scaled[..., :, None] * self.u.T).sum(-2)
         elif self._folds_diagonal(v.shape):
             # [d * tile(v), e * v] @ [u^T; I]: the diagonal term inside the product, one kernel
@@ -254,22 +253,22 @@ class Structured(MapStack):
         return out
 
     def _small(self, shape) -> bool:
-        profile = get_profile()
+        kernels = _kernels.current()
         rows = math.prod(shape[:-1])
-        return self.reps == 1 and self.size <= profile.small_size and rows <= profile.small_rows
+        return self.reps == 1 and self.size <= kernels.small_size and rows <= kernels.small_rows
 
     def _folds_diagonal(self, shape) -> bool:
-        low, high = get_profile().folded_diagonal_rows
+        low, high = _kernels.current().folded_diagonal_rows
         return self.e is not None and low <= math.prod(shape[:-1]) <= high
 
     def sequential_unroll(self, shape) -> int:
         # The fused steps of a few small rows, or of one row of a tiled map, are short enough
         # that the loop's own overhead shows.
-        profile = get_profile()
+        kernels = _kernels.current()
         rows = math.prod(shape[:-1])
-        if self._small(shape) and rows <= profile.small_unroll_rows:
-            return profile.small_unroll
-        return profile.tiled_one_row_unroll if self.reps > 1 and rows == 1 else 1
+        if self._small(shape) and rows <= kernels.small_unroll_rows:
+            return kernels.small_unroll
+        return kernels.tiled_one_row_unroll if self.reps > 1 and rows == 1 else 1
 
     def apply_to_rows(self, y: Array) -> Array:
         # y A^T = (tile(y) * d) u^T + y * e: ONE (m*batch*c, p) @ (p, n) product.

@@ -1,18 +1,19 @@
 """Every constant fitted to a machine, one profile per backend, in one place.
 
-A :class:`Profile` holds what ``bppsa`` measured rather than derived: the cost model's rates,
-``Auto()``'s thresholds on CPUs, the element kernels' small-size switches and the sparse
-kernels' choices. :data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on one
-NVIDIA H200 (its rates, by which ``Auto()`` ranks the methods on accelerators; its other
-fields keep the CPU's defaults). Each field names, in a comment, the benchmark and the result
-file that measured it; the measurements themselves are on the Performance page of the
-documentation.
+A :class:`Profile` holds what ``bppsa`` measured rather than derived, in three parts: the cost
+model's :class:`Rates`, ``Auto()``'s thresholds on CPUs (:class:`Rules`) and the element
+kernels' switches (:class:`Kernels`: the small-size switches, the sparse kernels' choices).
+:data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on one NVIDIA H200 (its
+rates, by which ``Auto()`` ranks the methods on accelerators; its rules and kernels keep the
+CPU's defaults). Each field names, in a comment, the benchmark and the result file that
+measured it; the measurements themselves are on the Performance page of the documentation.
 
 :func:`set_profile` replaces a backend's profile (e.g. one fitted by
 ``python -m benchmarks.fit_profile`` on another machine) and :func:`get_profile` reads it; like
 ``jax.config``, a new profile applies to what is traced after the call (an already-jitted
 function keeps its trace). ``bppsa.Auto(profile=...)`` chooses by another profile for one
-scan.
+scan. The kernels never read a profile themselves: its :class:`Kernels` reach them through
+:mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
 """
 
 from __future__ import annotations
@@ -22,17 +23,62 @@ import dataclasses
 import jax
 
 
+def _check_number(owner: str, field: str, value, *, integer: bool = False, zero: bool = False):
+    """Raises unless ``value`` is a number (an ``int`` if ``integer``) above zero (at least zero
+    if ``zero``), naming ``owner`` and ``field``."""
+    kind = "integer" if integer else "number"
+    sign = "non-negative" if zero else "positive"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int if integer else int | float)
+        or not (value >= 0 if zero else value > 0)
+    ):
+        raise ValueError(f"{owner}: {field} must be a {sign} {kind}, got {value!r}.")
+
+
+def _check_range(owner: str, field: str, value, *, low: int = 1):
+    """Raises unless ``value`` is a pair of integers ``(first, last)`` with
+    ``low <= first <= last``, naming ``owner`` and ``field``."""
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        or not low <= value[0] <= value[1]
+    ):
+        raise ValueError(
+            f"{owner}: {field} must be a pair of integers ({low} <= first <= last), got {value!r}."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
-class Profile:
-    """The measured constants of one backend.
+class Rates:
+    """The cost model's rates (:mod:`bppsa.scan._core.cost`): a method's predicted time is
+    ``steps * step_latency + max(operations / flops, bytes / bandwidth)``.
 
     Attributes:
-        name: what the profile describes (and whether its numbers are measured or assumed).
-        flops, bandwidth, step_latency: the cost model's float32 operations per second, bytes
-            per second of device memory and seconds per dependent kernel
-            (:mod:`bppsa.scan._core.cost`).
-        measured_rules: whether ``Auto()`` chooses by the thresholds below (CPUs) rather than
-            by the cost model's predictions (accelerators).
+        flops: float32 operations per second.
+        bandwidth: bytes per second of device memory.
+        step_latency: seconds per dependent kernel.
+
+    Raises:
+        ValueError: a rate that is not a positive number (naming it).
+    """
+
+    flops: float
+    bandwidth: float
+    step_latency: float
+
+    def __post_init__(self):
+        for field in ("flops", "bandwidth", "step_latency"):
+            _check_number("Rates", field, getattr(self, field))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """``Auto()``'s measured thresholds: what it chooses by on a profile with
+    ``measured_rules`` (CPUs), and the memory guard's and ``AutoForward()``'s constants.
+
+    Attributes:
         block_work, block_steps: ``Auto()``'s time blocks hold about ``block_work`` Jacobian
             floats (summed over the batch), as a power of two within ``block_steps``.
         parallel_work: ``Auto()`` scans the Jacobians up to this many Jacobian floats per step
@@ -48,33 +94,20 @@ class Profile:
         chain_sparse_cost: a multiply-add of the sequential sparse chain over layers, in units
             of one of the dense backward's; ``Auto()`` takes the chain where it wins by it.
         fallback_block: steps per block of the memory guard's lower-memory methods.
-        small_rows, small_size: ``Structured.apply`` multiplies-and-sums for at most
-            ``small_rows`` rows of at most ``small_size`` floats.
-        small_unroll, small_unroll_rows: a sequential scan over such maps unrolls
-            ``small_unroll`` steps for at most ``small_unroll_rows`` rows.
-        tiled_one_row_unroll: steps a sequential scan over tiled maps unrolls for one row.
-        folded_diagonal_rows: ``Structured.apply`` folds its diagonal term into the product
-            for this range of rows.
-        spgemm_method, spmv_method: the sparse kernels' numeric phases.
-        densify_density: a sparse product is stored dense above this output density.
-        densify_pair_ratio: a sparse product runs as a GEMM above this ratio of matched pairs
-            to ``n0 n1 n2``.
         newton_iterations: the Newton iterations ``AutoForward()`` expects when it predicts
             the parallel forward's time.
-        structured_block_work: for maps whose products keep a structure (diagonal,
-            block-diagonal), ``Auto()`` runs ``SequentialScan()`` in time blocks of about this
-            many Jacobian floats over the batch (cache-sized: one unblocked scan over all steps
-            thrashes the cache), a power of two within ``structured_block_steps``. Such a step
-            of the scan is one elementwise product, so on CPUs the sequential order inside a
-            block beats ``Blelloch()``'s levels; what pays is evaluating every step's Jacobian
-            and VJP at once.
+        structured_block_work, structured_block_steps: for maps whose products keep a
+            structure (diagonal, block-diagonal), ``Auto()`` runs ``SequentialScan()`` in time
+            blocks of about ``structured_block_work`` Jacobian floats over the batch
+            (cache-sized: one unblocked scan over all steps thrashes the cache), a power of two
+            within ``structured_block_steps``. Such a step of the scan is one elementwise
+            product, so on CPUs the sequential order inside a block beats ``Blelloch()``'s
+            levels; what pays is evaluating every step's Jacobian and VJP at once.
+
+    Raises:
+        ValueError: a threshold of the wrong kind or sign (naming it).
     """
 
-    name: str
-    flops: float
-    bandwidth: float
-    step_latency: float
-    measured_rules: bool = False
     # benchmarks/speed.py, benchmarks/results/floor4/cpu_b{1,16}_run{1,2,3}.json
     block_work: int = 2**20
     block_steps: tuple[int, int] = (64, 8192)
@@ -92,6 +125,64 @@ class Profile:
     chain_sparse_cost: float = 15.0
     # tests/test_memory.py's limits; benchmarks/speed.py memory columns
     fallback_block: int = 1024
+    # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
+    newton_iterations: int = 15
+    # benchmarks/width.py, the diagonal GRU at T = 4096, B = 4 (benchmarks/results/width/
+    # cpu_sequential_blocks.json): SequentialScan() fastest at 64-512 steps for H = 256,
+    # 64-128 for H = 1024, 32 for H = 4096
+    structured_block_work: int = 2**19
+    structured_block_steps: tuple[int, int] = (16, 8192)
+
+    def __post_init__(self):
+        for field in (
+            "block_work",
+            "parallel_work",
+            "long",
+            "parallel_state",
+            "inputs",
+            "inputs_length",
+            "structured_block_work",
+        ):
+            _check_number("Rules", field, getattr(self, field), integer=True, zero=True)
+        for field in ("fallback_block", "newton_iterations"):
+            _check_number("Rules", field, getattr(self, field), integer=True)
+        for field in ("single_element", "chain_sparse_cost"):
+            _check_number("Rules", field, getattr(self, field), zero=True)
+        for field in ("block_steps", "structured_block_steps"):
+            _check_range("Rules", field, getattr(self, field))
+        _check_range("Rules", "inputs_state", self.inputs_state, low=0)
+
+
+SPGEMM_METHODS = ("auto", "padded", "bucketed", "segment")
+SPMV_METHODS = ("padded", "segment")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """The element kernels' switches: what a product or an application of maps runs as.
+
+    They reach the kernels through :mod:`bppsa.scan._kernels` (never by reading a profile while
+    the kernels are traced).
+
+    Attributes:
+        small_rows, small_size: ``Structured.apply`` multiplies-and-sums for at most
+            ``small_rows`` rows of at most ``small_size`` floats.
+        small_unroll, small_unroll_rows: a sequential scan over such maps unrolls
+            ``small_unroll`` steps for at most ``small_unroll_rows`` rows.
+        tiled_one_row_unroll: steps a sequential scan over tiled maps unrolls for one row.
+        folded_diagonal_rows: ``Structured.apply`` folds its diagonal term into the product
+            for this range of rows.
+        spgemm_method: the SpGEMM's numeric phase: ``"auto"`` (by the pairs per output entry),
+            ``"padded"``, ``"bucketed"`` or ``"segment"``.
+        spmv_method: the SpMV's: ``"padded"`` or ``"segment"``.
+        densify_density: a sparse product is stored dense above this output density.
+        densify_pair_ratio: a sparse product runs as a GEMM above this ratio of matched pairs
+            to ``n0 n1 n2``.
+
+    Raises:
+        ValueError: a switch of the wrong kind, sign or name (naming it).
+    """
+
     # benchmarks/speed.py (B = 1 to 16, H = 20), benchmarks/results/floor4/ and floor5/
     small_rows: int = 8
     small_size: int = 64
@@ -104,28 +195,72 @@ class Profile:
     spmv_method: str = "segment"
     densify_density: float = 0.4
     densify_pair_ratio: float = 0.005
-    # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
-    newton_iterations: int = 15
-    # benchmarks/width.py, the diagonal GRU at T = 4096, B = 4 (benchmarks/results/width/
-    # cpu_sequential_blocks.json): SequentialScan() fastest at 64-512 steps for H = 256,
-    # 64-128 for H = 1024, 32 for H = 4096
-    structured_block_work: int = 2**19
-    structured_block_steps: tuple[int, int] = (16, 8192)
 
     def __post_init__(self):
-        for field in ("flops", "bandwidth", "step_latency"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ValueError(f"Profile: {field} must be a positive number, got {value!r}.")
-        if self.spgemm_method not in ("auto", "padded", "bucketed", "segment"):
+        for field in ("small_rows", "small_size", "small_unroll_rows"):
+            _check_number("Kernels", field, getattr(self, field), integer=True, zero=True)
+        for field in ("small_unroll", "tiled_one_row_unroll"):
+            _check_number("Kernels", field, getattr(self, field), integer=True)
+        for field in ("densify_density", "densify_pair_ratio"):
+            _check_number("Kernels", field, getattr(self, field), zero=True)
+        _check_range("Kernels", "folded_diagonal_rows", self.folded_diagonal_rows, low=0)
+        if self.spgemm_method not in SPGEMM_METHODS:
             raise ValueError(
-                "Profile: spgemm_method must be 'auto', 'padded', 'bucketed' or 'segment', got "
+                "Kernels: spgemm_method must be 'auto', 'padded', 'bucketed' or 'segment', got "
                 f"{self.spgemm_method!r}."
             )
-        if self.spmv_method not in ("padded", "segment"):
+        if self.spmv_method not in SPMV_METHODS:
             raise ValueError(
-                f"Profile: spmv_method must be 'padded' or 'segment', got {self.spmv_method!r}."
+                f"Kernels: spmv_method must be 'padded' or 'segment', got {self.spmv_method!r}."
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """The measured constants of one backend.
+
+    Example:
+        >>> rates = bppsa.Rates(flops=1e12, bandwidth=1e11, step_latency=1e-5)
+        >>> profile = bppsa.Profile("my machine", rates, rules=bppsa.Rules(parallel_work=0))
+        >>> profile.rules.parallel_work, profile.kernels.small_rows
+        (0, 8)
+
+    Attributes:
+        name: what the profile describes (and whether its numbers are measured or assumed).
+        rates: the cost model's :class:`Rates`.
+        measured_rules: whether ``Auto()`` chooses by ``rules`` (CPUs) rather than by the cost
+            model's predictions (accelerators).
+        rules: ``Auto()``'s thresholds (:class:`Rules`).
+        kernels: the element kernels' switches (:class:`Kernels`).
+
+    Raises:
+        TypeError: an argument of the wrong type (naming it).
+    """
+
+    name: str
+    rates: Rates
+    measured_rules: bool = False
+    rules: Rules = Rules()
+    kernels: Kernels = Kernels()
+
+    def __post_init__(self):
+        for field, kind in (
+            ("name", str),
+            ("rates", Rates),
+            ("measured_rules", bool),
+            ("rules", Rules),
+            ("kernels", Kernels),
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, kind):
+                raise TypeError(
+                    f"Profile: {field} must be a {_spelled(kind)}, got {type(value).__name__} "
+                    f"{value!r}."
+                )
+
+
+def _spelled(kind: type) -> str:
+    return f"bppsa.{kind.__name__}" if kind.__module__ == __name__ else kind.__name__
 
 
 # The 2-core CPUs of this project. The rates: python -m benchmarks.fit_profile over
@@ -133,9 +268,7 @@ class Profile:
 # (benchmarks/results/floor2/cpu_profile_fit.json).
 CPU = Profile(
     "2-core CPU (fitted: 31.2 GFLOP/s, 84.0 GB/s, 41.2 ns per kernel)",
-    31.2e9,
-    84.0e9,
-    41.2e-9,
+    Rates(flops=31.2e9, bandwidth=84.0e9, step_latency=41.2e-9),
     measured_rules=True,
 )
 # One NVIDIA H200 (benchmarks/results/gpu-h200/; its README says what the files get wrong). The
@@ -149,15 +282,17 @@ CPU = Profile(
 GPU = Profile(
     "NVIDIA H200 (fitted on one H200, JAX 0.11.2, whole gradients and direct backwards: "
     "7.9 us per step, 392 TFLOP/s, 3.2 TB/s)",
-    # speed_gpu.json gemm_gflops (one 8192^3 float32 GEMM); Blelloch first at RNN H = 1024, B = 1
-    # (h_sweep) needs at least 284 TFLOP/s
-    392e12,
-    # fitted; Blelloch before Chunked() at GRU T = 1000, B = 256 (speed_gpu.json b_sweep) needs
-    # at least 1.9 TB/s; the best time fit alone, 1.4 TB/s, would pick Chunked() there
-    3.16e12,
-    # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the picks
-    # at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
-    7.94e-6,
+    Rates(
+        # speed_gpu.json gemm_gflops (one 8192^3 float32 GEMM); Blelloch first at RNN H = 1024,
+        # B = 1 (h_sweep) needs at least 284 TFLOP/s
+        flops=392e12,
+        # fitted; Blelloch before Chunked() at GRU T = 1000, B = 256 (speed_gpu.json b_sweep)
+        # needs at least 1.9 TB/s; the best time fit alone, 1.4 TB/s, would pick Chunked() there
+        bandwidth=3.16e12,
+        # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the
+        # picks at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
+        step_latency=7.94e-6,
+    ),
 )
 
 _DEFAULTS = {"cpu": CPU}
@@ -178,7 +313,8 @@ def set_profile(backend: str, profile: Profile | None) -> None:
 
     Example:
         >>> import dataclasses
-        >>> slow = dataclasses.replace(bppsa.get_profile("cpu"), parallel_work=0)
+        >>> cpu = bppsa.get_profile("cpu")
+        >>> slow = dataclasses.replace(cpu, rules=dataclasses.replace(cpu.rules, parallel_work=0))
         >>> bppsa.set_profile("cpu", slow)
         >>> bppsa.set_profile("cpu", None)
 

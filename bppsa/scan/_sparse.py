@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa.scan import _kernels
 from bppsa.scan._elements import Dense, MapStack, matmul
 from bppsa.scan._pattern import Pattern, expand_values
-from bppsa.scan._profile import get_profile
 
 # Re-exported, besides those used here: bppsa.scan._chain, tests and benchmarks import them.
 from bppsa.scan._spgemm import (  # noqa: F401
@@ -99,14 +99,14 @@ class Sparse(MapStack):
 
     def apply(self, v: Array) -> Array:
         """SpMV: ``v: (m, *batch, n_cols) -> (m, *batch, n_rows)``, by default a gather over the
-        padded rows and a sum (no scatter; the profile's ``spmv_method``)."""
+        padded rows and a sum (no scatter; the ``spmv_method`` of :mod:`bppsa.scan._kernels`)."""
         return self._apply(v, extra=0)
 
     def apply_to_rows(self, y: Array) -> Array:
         return self._apply(y, extra=1)
 
     def _apply(self, v: Array, extra: int, method: str | None = None) -> Array:
-        method = get_profile().spmv_method if method is None else method
+        method = _kernels.current().spmv_method if method is None else method
         values = expand_values(self.values, v.ndim - extra)
         if extra:
             values = jnp.expand_dims(values, tuple(range(-1 - extra, -1)))

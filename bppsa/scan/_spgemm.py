@@ -5,8 +5,8 @@ objects (never on ``Sparse`` elements): the symbolic phase (:class:`ProductPlan`
 :func:`product_plan`, :func:`plan_structures`, the pair lists of :func:`_pairs`), the numeric
 phase (:func:`spgemm_values`, the SpMV :func:`_spmm_rows`) and the measured constants that choose
 among the kernels (the ``spgemm_method``, ``spmv_method``, ``densify_density`` and
-``densify_pair_ratio`` of the backend's :class:`bppsa.Profile`, measured by
-``benchmarks/sparse_kernels.py``).
+``densify_pair_ratio`` of a :class:`bppsa.Kernels`, measured by ``benchmarks/sparse_kernels.py``,
+in force through :mod:`bppsa.scan._kernels`).
 
 Algorithm summary of the fixed-pattern SpGEMM ``C = E @ L`` (``E`` the EARLIER map
 ``(n0, n1)``, ``L`` the LATER one ``(n1, n2)``), two-phase as scipy's SMMP (Bank & Douglas) and
@@ -20,11 +20,11 @@ cuSPARSE's "reuse" API:
   over the pairs padded per output entry to the longest list (``"padded"``: the pad points to
   an appended zero, no scatter), the same per bucket of entries whose counts round up to one
   power of two (``"bucketed"``: at most 2x padding, one permutation after), or by a flat
-  ``segment_sum`` (``"segment"``: a sorted scatter-add on XLA CPU). The profile's ``spgemm_method``
+  ``segment_sum`` (``"segment"``: a sorted scatter-add on XLA CPU). The kernels' ``spgemm_method``
   picks among them by the measurement. The entries' axis leads every gathered array (the
   "rows layout" of :func:`_spmm_rows`), so a gather copies all the examples of a batch at once.
 
-A product whose output is denser than the profile's ``densify_density`` is returned as
+A product whose output is denser than the kernels' ``densify_density`` is returned as
 :class:`~bppsa.scan.Dense` (the sparse numeric phase, then placed), one whose pairs are more than
 ``densify_pair_ratio`` of ``n0 n1 n2`` is a dense GEMM: :func:`product_plan` reports the
 decision for every product before it runs, products of a sparse and a dense map included.
@@ -45,9 +45,8 @@ import numpy as np
 import scipy.sparse
 from jax import Array
 
-from bppsa.scan import _precision
+from bppsa.scan import _kernels, _precision
 from bppsa.scan._pattern import Pattern, expand_values
-from bppsa.scan._profile import get_profile
 
 METHODS = ("padded", "bucketed", "segment")
 
@@ -129,9 +128,9 @@ def product_plan(
         batch: examples in the batch.
         later_per_example, earlier_per_example: whether the operand has one map per example.
         densify_density, densify_pair_ratio: the thresholds of the dense output (``None``:
-            the default backend's :class:`bppsa.Profile`).
+            those of the kernels in force, :func:`bppsa.scan._kernels.current`).
         method: the SpGEMM numeric phase: ``"auto"`` (by the pairs per output entry, as
-            measured), ``"padded"``, ``"bucketed"`` or ``"segment"`` (``None``: the profile's
+            measured), ``"padded"``, ``"bucketed"`` or ``"segment"`` (``None``: the kernels'
             ``spgemm_method``).
 
     Returns:
@@ -254,13 +253,14 @@ def _cached_plan(later: Pattern, earlier: Pattern, thresholds: tuple) -> Product
 
 
 def thresholds(density=None, pair_ratio=None, method=None) -> tuple[float, float, str]:
-    """``(densify_density, densify_pair_ratio, spgemm_method)``: the given ones, the default
-    backend's :class:`bppsa.Profile` for ``None``."""
-    profile = get_profile()
+    """``(densify_density, densify_pair_ratio, spgemm_method)``: the given ones, those of the
+    kernels in force (:func:`bppsa.scan._kernels.current`) for ``None``. The tuple keys
+    :func:`_cached_plan`, so a plan follows the switches it was made under."""
+    kernels = _kernels.current()
     return (
-        profile.densify_density if density is None else density,
-        profile.densify_pair_ratio if pair_ratio is None else pair_ratio,
-        profile.spgemm_method if method is None else method,
+        kernels.densify_density if density is None else density,
+        kernels.densify_pair_ratio if pair_ratio is None else pair_ratio,
+        kernels.spgemm_method if method is None else method,
     )
 
 

@@ -18,7 +18,7 @@ AUTO = bppsa.Auto(profile=_profile.GPU)
 
 
 def pick(cell, length, batch, hidden):
-    return AUTO.for_footprint(_speed_model.footprint(cell, length, batch, hidden), "gpu")
+    return AUTO.scan_method(_speed_model.footprint(cell, length, batch, hidden), backend="gpu")
 
 
 @pytest.mark.parametrize(
@@ -69,14 +69,16 @@ def test_the_gpu_profile_is_the_fit_of_the_h200_files():
     gemm = fit_profile.gemm_flops([H200 / name for name in FILES])
     fitted = fit_profile.fit_device(measured, "h200", flops=gemm, rows=rows)
     for field in ("step_latency", "flops", "bandwidth"):
-        assert getattr(fitted, field) == pytest.approx(getattr(_profile.GPU, field), rel=2e-3)
+        assert getattr(fitted.rates, field) == pytest.approx(
+            getattr(_profile.GPU.rates, field), rel=2e-3
+        )
     # The best time fit alone ranks BP first where Blelloch's gradient was 1.2x faster.
     plain = fit_profile.fit_device(measured, "plain")
     h1024 = next(r for r in rows if r.row == "speed_gpu.json rnn T=1000 B=1 H=1024")
     assert h1024.fastest() == bppsa.Blelloch() and h1024.pick(plain) == bppsa.Sequential()
 
 
-TRUE = bppsa.Profile("true", flops=4e14, bandwidth=2e12, step_latency=5e-6)
+TRUE = bppsa.Profile("true", bppsa.Rates(flops=4e14, bandwidth=2e12, step_latency=5e-6))
 # (cell, T, B, H): latency-bound, flops-bound and bandwidth-bound scans.
 CONFIGS = [
     ("rnn", 1000, 16, 20),
@@ -126,7 +128,7 @@ def speed_row(config) -> dict:
 def speed_payload(*, pullback: bool) -> dict:
     """A device's speed JSON; its backward_ms count as timed alone only where ``pullback``."""
     payload = dict(
-        backend="gpu", gemm_gflops=TRUE.flops / 1e9, t_sweep=list(map(speed_row, CONFIGS))
+        backend="gpu", gemm_gflops=TRUE.rates.flops / 1e9, t_sweep=list(map(speed_row, CONFIGS))
     )
     return dict(payload, backward="pullback") if pullback else payload
 
@@ -138,7 +140,7 @@ def test_a_device_fit_recovers_the_profile_that_predicts_its_times(tmp_path, cap
     fit_profile.main(["--device", "--choices", str(path), "--out", str(out)])
     result = json.loads(out.read_text())
     for field in ("step_latency", "flops", "bandwidth"):
-        assert result["profile"][field] == pytest.approx(getattr(TRUE, field), rel=0.02)
+        assert result["profile"][field] == pytest.approx(getattr(TRUE.rates, field), rel=0.02)
     # Whole gradients only: total - forward is never read, and every pick is the fastest.
     assert all(r["label"].endswith("gradient") for r in result["rows"])
     assert len(result["rows"]) == 3 * len(CONFIGS)
@@ -155,8 +157,8 @@ def test_a_device_backward_counts_only_where_it_was_timed_alone(tmp_path):
     assert sum(not t.whole for t in measured) == 3 * len(CONFIGS)
     gemm = fit_profile.gemm_flops([tmp_path / "marked.json"])
     fitted = fit_profile.fit_device(measured, "x", flops=gemm)
-    assert fitted.flops == pytest.approx(TRUE.flops)
-    assert fitted.step_latency == pytest.approx(TRUE.step_latency, rel=0.02)
+    assert fitted.rates.flops == pytest.approx(TRUE.rates.flops)
+    assert fitted.rates.step_latency == pytest.approx(TRUE.rates.step_latency, rel=0.02)
 
 
 def test_a_pullback_slower_than_its_whole_gradient_is_left_out(tmp_path):

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks import hlo_cost
-from bppsa.scan._core.cost import Cost, Profile
+from bppsa.scan._core.cost import Cost
+from bppsa.scan._profile import Profile, Rates
 
 F32 = 4
 TF = hlo_cost.TRANSCENDENTAL_FLOPS
@@ -198,7 +199,7 @@ def test_count_rejects_what_is_not_compiled_hlo():
         hlo_cost.count(FUSED_DOT, unknown_trip_count=-1)
 
 
-TRUE = Profile("true", flops=2e11, bandwidth=5e10, step_latency=2e-5)
+TRUE = Profile("true", Rates(flops=2e11, bandwidth=5e10, step_latency=2e-5))
 STEPS = [1, 10, 100, 1000, 5, 50, 2, 20, 200, 3]
 FLOPS = [1e3, 1e9, 1e6, 1e11, 1e10, 1e5, 1e12, 1e8, 1e7, 1e9]
 BYTES = [1e4, 1e6, 1e10, 1e5, 1e8, 1e9, 1e7, 1e11, 1e4, 1e9]

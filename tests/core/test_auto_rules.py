@@ -21,9 +21,14 @@ def blocks(steps):
     return bppsa.Blocked(bppsa.SequentialScan(), steps)
 
 
+def with_rules(**rules):
+    """The CPU's profile with some of ``Auto()``'s thresholds changed."""
+    return dataclasses.replace(CPU, rules=dataclasses.replace(CPU.rules, **rules))
+
+
 def test_the_accelerator_profile_holds_the_rates_these_picks_assume():
     assert not GPU.measured_rules
-    assert (GPU.flops, GPU.bandwidth, GPU.step_latency) == (392e12, 3.16e12, 7.94e-6)
+    assert GPU.rates == bppsa.Rates(flops=392e12, bandwidth=3.16e12, step_latency=7.94e-6)
 
 
 @pytest.mark.parametrize(
@@ -53,7 +58,7 @@ def test_on_accelerators_auto_picks_the_predicted_fastest(length, size, options,
     assert min(scans, key=scans.get) == parallel
     for auto, backend in ((AUTO, "gpu"), (bppsa.Auto(profile=GPU), "cpu")):
         assert auto.choose(length, size, backend, **options) == chosen
-        assert auto.parallel(length, size, backend, **options) == parallel
+        assert auto.choose(length, size, backend, **options, jacobians=True) == parallel
 
 
 @pytest.mark.parametrize(
@@ -89,14 +94,18 @@ def test_on_accelerators_auto_picks_the_predicted_fastest(length, size, options,
     ids=["n-floats", "short", "diagonal"],
 )
 def test_on_accelerators_a_footprint_gets_the_pick_for_its_fields(fp, chosen, parallel):
-    assert AUTO.for_footprint(fp, "gpu") == chosen
-    assert AUTO.for_footprint(fp, "gpu", parallel=True) == parallel
+    assert AUTO.scan_method(fp, backend="gpu") == chosen
+    assert AUTO.scan_method(fp, backend="gpu", jacobians=True) == parallel
 
 
 # A measured profile under a backend name of its own, with smaller blocks than the CPU's: a pick
 # by it differs from one by the default backend's profile, whichever that is.
 BACKEND = "bppsa-test-measured"
-MEASURED = dataclasses.replace(CPU, name="test", block_work=2**12, structured_block_work=2**11)
+MEASURED = dataclasses.replace(
+    CPU,
+    name="test",
+    rules=dataclasses.replace(CPU.rules, block_work=2**12, structured_block_work=2**11),
+)
 
 
 @pytest.fixture
@@ -112,34 +121,36 @@ def test_every_call_chooses_by_the_profile_of_the_backend_it_is_given(measured_b
     # 2^12 / 20 = 204 steps -> 128; the CPU's 2^20 / 20 would give 8192.
     dense = dict(batch=1, element=20)
     assert AUTO.choose(1000, 20, measured_backend, **dense) == blocks(128)
-    assert AUTO.parallel(1000, 20, measured_backend, **dense) == blocks(128)
+    assert AUTO.choose(1000, 20, measured_backend, **dense, jacobians=True) == blocks(128)
     # Diagonal maps: 2^11 / 64 = 32 steps; the CPU's 2^19 / 64 would give 8192.
     diagonal = dict(batch=1, element=64, width=1)
     assert AUTO.choose(1000, 64, measured_backend, **diagonal) == blocks(32)
-    assert AUTO.parallel(1000, 64, measured_backend, **diagonal) == blocks(32)
+    assert AUTO.choose(1000, 64, measured_backend, **diagonal, jacobians=True) == blocks(32)
     fp = Footprint(length=1000, state=64, element=64, dense=64, itemsize=4, size=64, width=1)
-    assert AUTO.for_footprint(fp, measured_backend) == blocks(32)
-    assert AUTO.for_footprint(fp, measured_backend, parallel=True) == blocks(32)
+    assert AUTO.scan_method(fp, backend=measured_backend) == blocks(32)
+    assert AUTO.scan_method(fp, backend=measured_backend, jacobians=True) == blocks(32)
     # The same calls on "cpu" and "gpu".
     assert AUTO.choose(1000, 64, "cpu", **diagonal) == blocks(8192)
-    assert AUTO.for_footprint(fp, "cpu", parallel=True) == blocks(8192)
+    assert AUTO.scan_method(fp, backend="cpu", jacobians=True) == blocks(8192)
     assert AUTO.choose(1000, 64, "gpu", **diagonal) == bppsa.Blelloch()
-    assert AUTO.for_footprint(fp, "gpu") == bppsa.Blelloch()
-    assert AUTO.for_footprint(fp, "gpu", parallel=True) == bppsa.Blelloch()
+    assert AUTO.scan_method(fp, backend="gpu") == bppsa.Blelloch()
+    assert AUTO.scan_method(fp, backend="gpu", jacobians=True) == bppsa.Blelloch()
 
 
 def test_parallel_defaults_to_one_example_of_dense_jacobians():
     # 2^20 / 400 = 2621 steps -> 2048; two examples: 1310 -> 1024.
-    assert AUTO.parallel(1000, 20, "cpu") == blocks(2048)
-    assert AUTO.parallel(1000, 20, "cpu", batch=1, element=400, width=None) == blocks(2048)
-    assert AUTO.parallel(1000, 20, "cpu", batch=2) == blocks(1024)
-    assert AUTO.parallel(1000, 20, "cpu", batch=2, element=400) == blocks(1024)
+    assert AUTO.choose(1000, 20, "cpu", jacobians=True) == blocks(2048)
+    assert AUTO.choose(1000, 20, "cpu", batch=1, element=400, width=None, jacobians=True) == blocks(
+        2048
+    )
+    assert AUTO.choose(1000, 20, "cpu", batch=2, jacobians=True) == blocks(1024)
+    assert AUTO.choose(1000, 20, "cpu", batch=2, element=400, jacobians=True) == blocks(1024)
 
 
 def test_choose_defaults_to_no_inputs():
     """With a profile that needs one input float per step, the default (none) keeps
     back-propagation where one input float scans: ``n = 128``, ``4 n`` floats, ``B = 5``."""
-    auto = bppsa.Auto(profile=dataclasses.replace(CPU, inputs=1))
+    auto = bppsa.Auto(profile=with_rules(inputs=1))
     options = dict(batch=5, element=4 * 128)
     assert auto.choose(256, 128, "cpu", **options) == bppsa.Sequential()
     assert auto.choose(256, 128, "cpu", **options, inputs=0) == bppsa.Sequential()
@@ -158,15 +169,14 @@ def test_choose_defaults_to_no_inputs():
     ],
 )
 def test_on_cpus_the_scan_pays_up_to_exactly_parallel_work_floats(size, batch, element, chosen):
-    assert CPU.parallel_work == 1024
+    assert CPU.rules.parallel_work == 1024
     assert AUTO.choose(100, size, "cpu", batch=batch, element=element) == chosen
 
 
 def test_the_smallest_block_is_one_step():
     """With blocks allowed from one step, a budget of one Jacobian (or less) is one step, two
     Jacobians two steps."""
-    profile = dataclasses.replace(
-        CPU,
+    profile = with_rules(
         block_work=1000,
         block_steps=(1, 8192),
         structured_block_work=1000,
@@ -174,20 +184,22 @@ def test_the_smallest_block_is_one_step():
     )
     auto = bppsa.Auto(profile=profile)
     for element, steps in ((1000, 1), (999, 1), (1001, 1), (5000, 1), (500, 2), (334, 2)):
-        assert auto.parallel(10, 2000, "cpu", element=element) == blocks(steps), element
-        structured = auto.parallel(10, 2000, "cpu", element=element, width=1)
+        assert auto.choose(10, 2000, "cpu", element=element, jacobians=True) == blocks(steps), (
+            element
+        )
+        structured = auto.choose(10, 2000, "cpu", element=element, width=1, jacobians=True)
         assert structured == blocks(steps), element
 
 
 def test_the_work_of_a_step_is_at_least_one_float():
     """With no upper bound on the blocks, one Jacobian float per step (or none) over one example
     is the whole budget in one block."""
-    profile = dataclasses.replace(CPU, block_steps=(1, 2**30), structured_block_steps=(1, 2**30))
+    profile = with_rules(block_steps=(1, 2**30), structured_block_steps=(1, 2**30))
     auto = bppsa.Auto(profile=profile)
-    assert auto.parallel(5, 1, "cpu", element=1) == blocks(2**20)
-    assert auto.parallel(5, 1, "cpu", element=0) == blocks(2**20)
-    assert auto.parallel(5, 1, "cpu", element=2) == blocks(2**19)
-    assert auto.parallel(5, 4, "cpu", element=1, width=1) == blocks(2**19)
+    assert auto.choose(5, 1, "cpu", element=1, jacobians=True) == blocks(2**20)
+    assert auto.choose(5, 1, "cpu", element=0, jacobians=True) == blocks(2**20)
+    assert auto.choose(5, 1, "cpu", element=2, jacobians=True) == blocks(2**19)
+    assert auto.choose(5, 4, "cpu", element=1, width=1, jacobians=True) == blocks(2**19)
 
 
 def test_a_footprint_passes_its_inputs_to_the_cpu_rule():
@@ -196,9 +208,9 @@ def test_a_footprint_passes_its_inputs_to_the_cpu_rule():
     fp = Footprint(
         length=256, state=128, element=512, dense=128**2, itemsize=4, batch=5, size=128, inputs=2
     )
-    assert AUTO.for_footprint(fp, "cpu") == blocks(256)  # 2^20 / 2560
-    assert AUTO.for_footprint(dataclasses.replace(fp, inputs=0), "cpu") == bppsa.Sequential()
-    assert AUTO.for_footprint(fp, "cpu", parallel=True) == blocks(256)
+    assert AUTO.scan_method(fp, backend="cpu") == blocks(256)  # 2^20 / 2560
+    assert AUTO.scan_method(dataclasses.replace(fp, inputs=0), backend="cpu") == bppsa.Sequential()
+    assert AUTO.scan_method(fp, backend="cpu", jacobians=True) == blocks(256)
 
 
 def test_a_footprint_of_one_example_outside_vmap_keeps_back_propagation():
@@ -208,16 +220,16 @@ def test_a_footprint_of_one_example_outside_vmap_keeps_back_propagation():
     )
     outside = dataclasses.replace(fp, vmapped=False)
     assert outside.single and not fp.single
-    assert AUTO.for_footprint(outside, "cpu") == bppsa.Sequential()
-    assert AUTO.for_footprint(fp, "cpu") == blocks(512)  # 2^19 / 1024
-    assert AUTO.for_footprint(outside, "cpu", parallel=True) == blocks(512)
+    assert AUTO.scan_method(outside, backend="cpu") == bppsa.Sequential()
+    assert AUTO.scan_method(fp, backend="cpu") == blocks(512)  # 2^19 / 1024
+    assert AUTO.scan_method(outside, backend="cpu", jacobians=True) == blocks(512)
 
 
 def test_the_cpu_rule_defaults_to_a_vmapped_map_with_dense_products():
     """``_parallel_pays`` without ``single`` and ``structured`` (``Auto.choose`` passes both):
     ``n = 128``, ``B = 1``; ``n`` floats of a map scan, also for one example when passed."""
-    assert _parallel_pays(CPU, 100, 128, 1, 128, 0)
-    assert not _parallel_pays(CPU, 100, 128, 1, 128, 0, single=True)
+    assert _parallel_pays(CPU.rules, 100, 128, 1, 128, 0)
+    assert not _parallel_pays(CPU.rules, 100, 128, 1, 128, 0, single=True)
     # 4 n floats over 4 examples, past parallel_work: only maps that keep a structure scan.
-    assert not _parallel_pays(CPU, 100, 128, 4, 512, 0)
-    assert _parallel_pays(CPU, 100, 128, 4, 512, 0, structured=True)
+    assert not _parallel_pays(CPU.rules, 100, 128, 4, 512, 0)
+    assert _parallel_pays(CPU.rules, 100, 128, 4, 512, 0, structured=True)

@@ -42,17 +42,33 @@ def test_blocks_repeat_the_inner_method(block):
 
 
 def test_time_is_latency_plus_the_larger_of_arithmetic_and_bytes():
-    profile = cost.Profile("test", flops=1e12, bandwidth=1e11, step_latency=1e-5)
+    profile = bppsa.Profile("test", bppsa.Rates(flops=1e12, bandwidth=1e11, step_latency=1e-5))
     c = cost.Cost(steps=100, flops=2e12, bytes=1e11)
     assert c.seconds(profile) == pytest.approx(100 * 1e-5 + 2.0)
     c = cost.Cost(steps=100, flops=1e9, bytes=1e12)
     assert c.seconds(profile) == pytest.approx(100 * 1e-5 + 10.0)
 
 
-def test_methods_the_model_does_not_cover_say_so():
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
+class Sharded4(bppsa.Sharded):
+    """``Sharded`` as if its mesh had four devices (the cost is arithmetic on the count)."""
 
-    mesh = Mesh(np.array(jax.devices()[:1]), ("t",))
-    assert bppsa.Sharded(mesh, "t").cost(footprint(100)) is None
+    devices = 4  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("exchange", ["all_gather", "ppermute"])
+def test_sharded_costs_a_slice_its_aggregate_and_the_exchange(exchange):
+    local = bppsa.Blelloch()
+    one = bppsa.Sharded(local=local, exchange=exchange)
+    assert one.cost(footprint(10_000)) == local.cost(footprint(10_000))  # nothing to exchange
+    four = Sharded4(local=local, exchange=exchange)
+    fp = footprint(10_000)
+    part = local.cost(fp.part(2500))
+    assert part == local.cost(footprint(2500))  # the carries kept do not enter the cost
+    rounds = 2 if exchange == "ppermute" else 0
+    expected = cost.plus(part, cost.aggregate(fp, 2500), cost.exchange(fp, 4, rounds))
+    sharded = four.cost(fp)
+    assert sharded == expected
+    # The critical path: about 2 T / P dependent steps (the aggregate, then the slice), far
+    # fewer than back-propagation's T, for P times the slice's arithmetic.
+    assert 2500 < sharded.steps < 2500 + part.steps + 10
+    assert sharded.flops > part.flops

@@ -15,9 +15,9 @@ METHODS = [bppsa.Blelloch(), bppsa.Chunked(), bppsa.Blocked(bppsa.SequentialScan
 @pytest.mark.parametrize("method", METHODS, ids=str)
 def test_an_explicit_method_fits_a_limit_of_exactly_its_estimate(method):
     need = method.memory(FP)
-    assert policy.fit(method, FP, need) == method
+    assert policy.guard(method, FP, need) == method
     with pytest.raises(bppsa.MemoryLimitError) as error:
-        policy.fit(method, FP, need - 1)
+        policy.guard(method, FP, need - 1)
     assert (error.value.estimate, error.value.limit) == (need, need - 1)
     # Every alternative it offers needs less than the method and fits the limit.
     for alternative, bytes_ in error.value.alternatives:
@@ -26,8 +26,8 @@ def test_an_explicit_method_fits_a_limit_of_exactly_its_estimate(method):
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_auto_keeps_its_choice_at_a_limit_of_exactly_its_estimate(backend):
-    chosen = bppsa.Auto().fit(FP, float("inf"), backend=backend)
+    chosen = bppsa.Auto().scan_method(FP, float("inf"), backend=backend, jacobians=True)
     need = chosen.memory(FP)
-    assert bppsa.Auto().fit(FP, need, backend=backend) == chosen
-    fallback = bppsa.Auto().fit(FP, need - 1, backend=backend)
+    assert bppsa.Auto().scan_method(FP, need, backend=backend, jacobians=True) == chosen
+    fallback = bppsa.Auto().scan_method(FP, need - 1, backend=backend, jacobians=True)
     assert fallback != chosen and fallback.memory(FP) <= need - 1

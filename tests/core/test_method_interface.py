@@ -12,16 +12,18 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import GRU, Chain, Conv2d, Flatten, Linear, ReLU, gru_cell
-from bppsa.scan import JacobianMethod, blelloch, sequential
+from bppsa.scan import Method, Supports, blelloch, sequential
+from bppsa.scan._core import cost
 from tests.helpers import assert_trees_close
 
 
 @dataclasses.dataclass(frozen=True)
-class HalfAndHalf(JacobianMethod):
+class HalfAndHalf(Method):
     """The modified Blelloch scan over a stack of steps, the sequential one over a list of
     layers; records what it scanned (at trace time)."""
 
     seen: typing.ClassVar[list] = []
+    supports: typing.ClassVar[Supports] = Supports(layers=True)
 
     def scan(self, g_last, maps, offsets):
         self.seen.append(type(maps).__name__)
@@ -29,8 +31,11 @@ class HalfAndHalf(JacobianMethod):
             return sequential(g_last, maps, offsets)
         return blelloch(g_last, maps, offsets)
 
-    def span_floats(self, fp, steps):
-        return 2 * fp.span_floats(steps)
+    def memory(self, fp):
+        return fp.span_bytes(fp.span_floats(fp.length))
+
+    def cost(self, fp):
+        return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))
 
 
 def test_a_method_defined_here_runs_on_both_chains(x64):

@@ -9,7 +9,8 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU, gru_cell
-from bppsa.scan import JacobianMethod, apply
+from bppsa.scan import Method, apply
+from bppsa.scan._core import cost
 from bppsa.scan._core.memory import Footprint
 from tests.helpers import assert_trees_close, spread
 
@@ -17,10 +18,8 @@ XS = jnp.linspace(-1.0, 1.0, 26).reshape(13, 2)
 PARAMS = GRU().init(2, 3, key=jax.random.key(0))
 
 
-class PythonLoop(JacobianMethod):
+class PythonLoop(Method):
     """A method defined outside the library: its scan is a Python loop of affine steps."""
-
-    name = None
 
     def scan(self, g_last, maps, offsets):
         out = [g_last]
@@ -29,8 +28,11 @@ class PythonLoop(JacobianMethod):
             out.append(apply(out[-1][None], (maps.take(t, t + 1), b[None]))[0])
         return jnp.stack(out[::-1])
 
-    def span_floats(self, fp, steps):
-        return fp.span_floats(steps)
+    def memory(self, fp):
+        return fp.span_bytes()
+
+    def cost(self, fp):
+        return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
 
     def __eq__(self, other):
         return type(other) is PythonLoop
@@ -98,12 +100,14 @@ def test_blocked_needs_a_positive_block(block):
 
 def test_auto_is_a_policy_that_returns_a_concrete_method():
     fp = Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16, size=20)
-    assert bppsa.Auto().for_footprint(fp, "cpu") == bppsa.Auto().choose(
+    assert bppsa.Auto().scan_method(fp, backend="cpu") == bppsa.Auto().choose(
         10_000, 20, "cpu", batch=16, element=20
     )
-    assert bppsa.Auto().memory(fp) == bppsa.Auto().for_footprint(fp).memory(fp)
+    assert isinstance(bppsa.Auto(), bppsa.Policy) and not isinstance(bppsa.Auto(), bppsa.Method)
     for backend, runs in (("cpu", bppsa.Blocked), ("gpu", bppsa.Blelloch)):
-        assert isinstance(bppsa.Auto().fit(fp, math.inf, backend=backend), runs)
+        assert isinstance(
+            bppsa.Auto().scan_method(fp, math.inf, backend=backend, jacobians=True), runs
+        )
 
 
 def test_memory_is_owned_by_each_method():

@@ -10,6 +10,7 @@ import pytest
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.scan._core.memory import Footprint
 from tests.helpers import NEWTON_RTOL, assert_trees_close, spread
 
 H, I = 5, 2
@@ -183,17 +184,38 @@ class _CountingScan(bppsa.SequentialScan):
 
 
 @pytest.mark.parametrize("method", [_CountingScan(), bppsa.Blocked(_CountingScan(), 4)], ids=str)
-def test_newton_solves_with_the_methods_own_scan(x64, method):
+def test_newton_solves_with_its_own_solver_not_the_backwards_method(x64, method):
     # The forward alone (no derivative, so no backward scans): its Newton iterations solve
-    # their linear recurrences over all 13 steps with the method's scan.
+    # their linear recurrences over all 13 steps with the solver's scan...
     body, init = _cells(jnp.float64)["gru"]
     xs = _xs(13, jnp.float64)
     _CountingScan.lengths.clear()
-    actual = jax.jit(lambda xs: bppsa.scan(body, init, xs, forward=bppsa.Newton(), method=method))(
-        xs
-    )
+    newton = bppsa.Newton(solver=method)
+    actual = jax.jit(lambda xs: bppsa.scan(body, init, xs, forward=newton))(xs)
     assert _CountingScan.lengths and set(_CountingScan.lengths) == {13}
     assert_trees_close(actual, jax.lax.scan(body, init, xs), jnp.float64)
+    # ... and never with the backward's method (the default solver is Auto()'s pick).
+    _CountingScan.lengths.clear()
+    run = jax.jit(lambda xs: bppsa.scan(body, init, xs, forward=bppsa.Newton(), method=method))
+    assert_trees_close(run(xs), jax.lax.scan(body, init, xs), jnp.float64)
+    assert _CountingScan.lengths == []
+
+
+def test_the_default_solver_is_autos_pick_for_the_device():
+    fp = Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16, size=20)
+    auto = bppsa.Auto()
+    for backend in ("cpu", "gpu"):
+        pick = auto.scan_method(fp, backend=backend, jacobians=True)
+        assert bppsa.Newton().solver_for(fp, backend) == pick
+    assert bppsa.Newton().solver_for(fp, "gpu") == bppsa.Blelloch()  # parallel on accelerators
+    assert bppsa.Newton(solver="chunked").solver_for(fp, "gpu") == bppsa.Chunked()
+    # quasi: the diagonals' footprint (products keep the structure): a structured block on CPU
+    quasi = bppsa.Newton(quasi=True).solver_for(fp, "cpu")
+    assert quasi == auto.choose(10_000, 20, "cpu", batch=16, element=20, width=1, jacobians=True)
+    with pytest.raises(ValueError, match="Newton: solver='fast' is not a known"):
+        bppsa.Newton(solver="fast")
+    with pytest.raises(TypeError, match="Newton: solver must be"):
+        bppsa.Newton(solver=3)
 
 
 def test_bad_newton_settings_raise_clearly():

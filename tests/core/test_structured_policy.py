@@ -90,7 +90,8 @@ def test_on_cpus_auto_scans_structured_maps_in_cache_sized_blocks():
     auto = bppsa.Auto(profile=profile)
     chosen = auto.choose(4096, 1024, "cpu", batch=4, element=1024, width=1)
     assert isinstance(chosen, bppsa.Blocked) and chosen.method == bppsa.SequentialScan()
-    assert chosen.block * 4 * 1024 <= profile.structured_block_work < 2 * chosen.block * 4 * 1024
+    budget = profile.rules.structured_block_work
+    assert chosen.block * 4 * 1024 <= budget < 2 * chosen.block * 4 * 1024
     # One example outside jax.vmap keeps back-propagation (its steps are cheap there).
     single = auto.choose(4096, 1024, "cpu", element=1024, width=1, single=True)
     assert single == bppsa.Sequential()
@@ -127,11 +128,12 @@ CPU = bppsa.get_profile("cpu")
 
 def test_the_cpu_profile_holds_the_values_these_picks_assume():
     assert CPU.measured_rules
-    assert (CPU.structured_block_work, CPU.structured_block_steps) == (2**19, (16, 8192))
-    assert (CPU.block_work, CPU.block_steps) == (2**20, (64, 8192))
-    assert (CPU.parallel_work, CPU.single_element) == (1024, 2.0)
-    assert (CPU.long, CPU.parallel_state) == (2048, 4096)
-    assert (CPU.inputs, CPU.inputs_length, CPU.inputs_state) == (2, 256, (640, 1280))
+    rules = CPU.rules
+    assert (rules.structured_block_work, rules.structured_block_steps) == (2**19, (16, 8192))
+    assert (rules.block_work, rules.block_steps) == (2**20, (64, 8192))
+    assert (rules.parallel_work, rules.single_element) == (1024, 2.0)
+    assert (rules.long, rules.parallel_state) == (2048, 4096)
+    assert (rules.inputs, rules.inputs_length, rules.inputs_state) == (2, 256, (640, 1280))
 
 
 @pytest.mark.parametrize(
@@ -153,10 +155,13 @@ def test_on_cpus_structured_maps_are_scanned_in_blocks_of_a_fixed_budget(
     size, element, width, batch, steps
 ):
     auto = bppsa.Auto(profile=CPU)
-    for length in (17, CPU.long - 1, CPU.long, CPU.long + 1, 5 * CPU.long):  # T plays no part
+    long = CPU.rules.long
+    for length in (17, long - 1, long, long + 1, 5 * long):  # T plays no part
         chosen = auto.choose(length, size, "cpu", batch=batch, element=element, width=width)
         assert chosen == sequential_blocks(steps), (length, chosen)
-        parallel = auto.parallel(length, size, "cpu", batch=batch, element=element, width=width)
+        parallel = auto.choose(
+            length, size, "cpu", batch=batch, element=element, width=width, jacobians=True
+        )
         assert parallel == chosen
 
 
@@ -164,7 +169,7 @@ def test_on_cpus_maps_as_wide_as_the_carry_are_dense():
     """``width == n``: products are dense, whatever the element stores."""
     auto = bppsa.Auto(profile=CPU)
     assert auto.choose(4096, 64, "cpu", batch=8, element=64 * 64, width=64) == bppsa.Sequential()
-    wide = auto.parallel(4096, 64, "cpu", batch=8, element=64 * 64, width=64)
+    wide = auto.choose(4096, 64, "cpu", batch=8, element=64 * 64, width=64, jacobians=True)
     assert wide == sequential_blocks(64)  # the dense budget, 2^20 / 32768 = 32, raised to 64
     # Blocks of half the carry keep their structure: the structured budget and lower bound.
     half = auto.choose(4096, 64, "cpu", batch=8, element=64 * 32, width=32)
@@ -232,7 +237,7 @@ def block_pairs(params, h, x):  # a user's cell of 2 x 2 blocks over units (2i, 
 def test_a_traced_scan_runs_the_pick_for_its_structure_and_batch(cell, batch, jacobians, backward):
     """From the Jacobians the scan finds in the cell: ``n k`` floats per step, blocks of
     ``2^19 / (B n k)`` steps (under 64); dense Jacobians keep back-propagation."""
-    hidden, length = 64, CPU.long
+    hidden, length = 64, CPU.rules.long
     params = {k: jnp.zeros(s.shape, s.dtype) for k, s in shapes(hidden).items()}
     params["a"] = jnp.zeros((hidden // 2, 2, 2))
     xs = jax.ShapeDtypeStruct((batch, length, 8), jnp.float32)

@@ -274,7 +274,7 @@ def test_auto_takes_the_sparse_chain_only_where_pruning_pays():
         loss = lambda p, masks=masks: jnp.sum(chain.apply(p, x, masks=masks))
         with bppsa.trace_plans() as plans:
             jax.eval_shape(bppsa.grad(loss, method="auto"), params)
-        assert plans[0].method == expected, (sparsity, bppsa.get_profile().chain_sparse_cost)
+        assert plans[0].method == expected, (sparsity, bppsa.get_profile().rules.chain_sparse_cost)
 
 
 @pytest.mark.parametrize("method", [bppsa.Sequential(), *SCAN_METHODS, bppsa.Auto()], ids=repr)

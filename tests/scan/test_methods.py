@@ -23,7 +23,12 @@ def test_names_resolve_to_method_objects():
     assert resolve("Sequential") == Sequential()
     assert resolve(SequentialScan()) == SequentialScan()
     assert resolve("chunked") == Chunked()
-    assert set(METHODS) == {"auto", "blelloch", "chunked", "sequential", "sequential-scan"}
+    names = {"auto", "blelloch", "blocked", "chunked", "sequential", "sequential-scan", "sharded"}
+    assert set(METHODS) == names
+    # Every method is nameable: the classes that need arguments have defaults.
+    assert resolve("blocked") == Blocked(SequentialScan(), 1024)
+    sharded = resolve("sharded")
+    assert (sharded.axis_name, sharded.devices) == ("t", len(jax.devices()))
 
 
 def test_default_is_auto():
@@ -31,7 +36,7 @@ def test_default_is_auto():
 
 
 def test_unknown_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"method='fast'.*'auto', 'blelloch', 'chunked'"):
+    with pytest.raises(ValueError, match=r"method='fast'.*'auto', 'blelloch', 'blocked'"):
         resolve("fast")
     with pytest.raises(ValueError, match="method='fast'"):
         bppsa.grad(lambda x: x, method="fast")
@@ -101,7 +106,7 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     assert Auto().choose(1000, 40, "cpu", batch=1, element=1600, inputs=38) == Sequential()
     # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
     assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
-    assert Auto().parallel(1000, 20, "cpu", batch=256, element=80).uses_jacobians
+    assert Auto().choose(1000, 20, "cpu", batch=256, element=80, jacobians=True).uses_jacobians
 
 
 PAPER_T = [100, 300, 1000, 3000, 10_000, 30_000]
@@ -130,7 +135,7 @@ def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
     small = Auto().predictions(10_000, 20, "gpu", batch=16, element=20)
     assert min(small, key=small.get) == Auto().choose(10_000, 20, "gpu", batch=16, element=20)
     # the backward-time choice never is BP
-    assert Auto().parallel(1000, 1024, "gpu", batch=256).uses_jacobians
+    assert Auto().choose(1000, 1024, "gpu", batch=256, jacobians=True).uses_jacobians
 
 
 def test_auto_sees_the_features_per_step_of_a_scan():

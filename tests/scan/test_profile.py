@@ -28,7 +28,8 @@ def test_each_backend_has_a_profile():
 def test_set_profile_changes_what_auto_picks(restore_cpu_profile):
     default = bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20)
     assert isinstance(default, bppsa.Blocked)
-    bppsa.set_profile("cpu", dataclasses.replace(_profile.CPU, block_work=2**16))
+    rules = dataclasses.replace(_profile.CPU.rules, block_work=2**16)
+    bppsa.set_profile("cpu", dataclasses.replace(_profile.CPU, rules=rules))
     assert bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20).block < default.block
     bppsa.set_profile("cpu", None)
     assert bppsa.Auto().choose(10_000, 20, "cpu", batch=1, element=20) == default
@@ -43,28 +44,50 @@ def test_auto_chooses_by_its_own_profile():
     assert bppsa.Auto(profile=_profile.CPU) != bppsa.Auto()  # a different key for jax.jit
 
 
+def with_small_unroll(unroll):
+    kernels = dataclasses.replace(_profile.CPU.kernels, small_unroll=unroll)
+    return dataclasses.replace(_profile.CPU, kernels=kernels)
+
+
+def rnn_loss(params):
+    body = lambda h, x: (rnn_cell(params, h, x), None)
+    return bppsa.scan(body, jnp.zeros(4), jnp.ones((50, 2)))[0].sum()
+
+
 def test_a_profile_reaches_the_kernels(restore_cpu_profile):
     # A sequential scan over the RNN's structured maps at B = 1 unrolls the profile's
     # small_unroll steps: the compiled loop differs with it.
     params = RNN().init(2, 4, key=jax.random.key(0))
-
-    def loss(params):
-        body = lambda h, x: (rnn_cell(params, h, x), None)
-        return bppsa.scan(body, jnp.zeros(4), jnp.ones((50, 2)))[0].sum()
-
     texts = []
     for unroll in (1, 5):
-        bppsa.set_profile("cpu", dataclasses.replace(_profile.CPU, small_unroll=unroll))
-        grad = jax.jit(bppsa.grad(loss, method=bppsa.SequentialScan()))
+        bppsa.set_profile("cpu", with_small_unroll(unroll))
+        grad = jax.jit(bppsa.grad(rnn_loss, method=bppsa.SequentialScan()))
         texts.append(grad.lower(params).as_text())
+    assert texts[0] != texts[1]
+
+
+def test_the_profile_of_auto_reaches_the_kernels():
+    # The same by the profile of the policy that chose the method, the backend's left alone
+    # (single_element=0: Auto() scans the Jacobians of one example outside jax.vmap too).
+    params = RNN().init(2, 4, key=jax.random.key(0))
+    rules = dataclasses.replace(_profile.CPU.rules, single_element=0.0)
+    texts = []
+    for unroll in (1, 5):
+        auto = bppsa.Auto(profile=dataclasses.replace(with_small_unroll(unroll), rules=rules))
+        with bppsa.trace_plans() as plans:
+            grad = jax.jit(bppsa.grad(rnn_loss, method=auto))
+            texts.append(grad.lower(params).as_text())
+        assert "SequentialScan()" in repr(plans[0].method), plans[0]
     assert texts[0] != texts[1]
 
 
 def test_bad_profiles_are_refused():
     with pytest.raises(ValueError, match="flops must be a positive number"):
-        bppsa.Profile("x", 0.0, 1.0, 1.0)
+        bppsa.Rates(0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="spmv_method"):
-        bppsa.Profile("x", 1.0, 1.0, 1.0, spmv_method="dense")
+        bppsa.Kernels(spmv_method="dense")
+    with pytest.raises(TypeError, match=r"Profile: rates must be a bppsa\.Rates"):
+        bppsa.Profile("x", 0.0)
     with pytest.raises(TypeError, match=r"profile must be a bppsa\.Profile"):
         bppsa.set_profile("cpu", {"flops": 1.0})
     with pytest.raises(TypeError, match="backend must be a string"):

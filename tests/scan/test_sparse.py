@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bppsa.scan import Dense
-from bppsa.scan._profile import CPU
+from bppsa.scan._profile import Kernels
 from bppsa.scan._sparse import (
     METHODS,
     Pattern,
@@ -23,6 +23,7 @@ from bppsa.scan._sparse import (
 # ~1e-6 (measured <= 4e-7), so 1e-5 leaves margin while a wrong pair or a transposed operand
 # (errors of order 1) fails; float64 likewise at 1e-12 (measured ~1e-15).
 TOL = {jnp.dtype("float32"): 1e-5, jnp.dtype("float64"): 1e-12}
+KERNELS = Kernels()  # what the kernels run with outside the scan's derivative rules
 
 
 def assert_close(actual, expected, dtype):
@@ -99,7 +100,7 @@ def test_then_matches_dense_and_reports_its_format(densities, later_batch, earli
     expected = matmul(dense_of(earlier), dense_of(later))
     assert_close(product.to_dense().a, expected, dtype)
     if plan.format == "sparse":
-        assert plan.density <= CPU.densify_density and product.pattern.nnz == plan.nnz_out
+        assert plan.density <= KERNELS.densify_density and product.pattern.nnz == plan.nnz_out
 
 
 def test_densify_decision_follows_the_measured_thresholds():
@@ -112,9 +113,8 @@ def test_densify_decision_follows_the_measured_thresholds():
     crowded = product_plan(
         random_pattern(rng, (400, 400), 0.05), random_pattern(rng, (400, 400), 0.05)
     )
-    assert (
-        crowded.density > CPU.densify_density and crowded.pairs / 400**3 <= CPU.densify_pair_ratio
-    )
+    assert crowded.density > KERNELS.densify_density
+    assert crowded.pairs / 400**3 <= KERNELS.densify_pair_ratio
     assert (crowded.format, crowded.method) == ("dense", "segment")
     # Many pairs: a GEMM.
     full = product_plan(random_pattern(rng, (50, 50), 0.5), random_pattern(rng, (50, 50), 0.5))

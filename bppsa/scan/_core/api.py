@@ -14,9 +14,9 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import arguments, plans, vjp
+from bppsa.scan._core import plans, vjp
 from bppsa.scan._core.forward import Forward, SequentialForward
-from bppsa.scan._core.methods import Auto, Method, policy, resolve
+from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._precision import Precision
@@ -35,7 +35,7 @@ def scan(
     length: int | None = None,
     reverse: bool = False,
     *,
-    method: Method | str | None = None,
+    method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     batch: int | None = None,
@@ -174,7 +174,7 @@ def estimate_memory(
     xs: X | None = None,
     length: int | None = None,
     *,
-    method: Method | str | None = None,
+    method: Method | Policy | str | None = None,
     batch: int = 1,
 ) -> int:
     """Estimated peak bytes of ``bppsa.scan(f, init, xs, length)``'s forward and backward.
@@ -208,7 +208,7 @@ def estimate_memory(
 
 
 def _prepare(
-    requested: Method,
+    requested: Method | Policy,
     f,
     init,
     xs,
@@ -219,17 +219,14 @@ def _prepare(
     check_structure=False,
 ):
     """What :func:`scan` and :func:`estimate_memory` share: the prepared scan, its promoted
-    initial carry, the requested method (``Auto()`` turns into plain BP for a complex carry)
-    and the concrete method it runs (with ``check_finite``, one whose backward checks)."""
+    initial carry, the requested method or policy, and the method it runs (with
+    ``check_finite``, one whose backward checks: it scans the Jacobians). The memory guard runs
+    when the backward is traced (:mod:`bppsa.scan._core.vjp`)."""
     problem, init = prepare(
         f, init, xs, length, reverse=reverse, batch=batch, check_structure=check_structure
     )
-    complex_leaves = arguments.complex_leaves(init)
-    if complex_leaves:
-        requested = requested.for_complex_carry(complex_leaves)
-    if check_finite:
-        return problem, init, requested, policy.checking(requested, problem)
-    return problem, init, requested, requested.concrete(problem)
+    method = as_policy(requested).scan_method(problem.footprint, jacobians=check_finite)
+    return problem, init, requested, method
 
 
 def _check_batch(batch) -> int | None:

@@ -3,8 +3,9 @@
 :func:`check_arguments` catches what ``jax.lax.scan`` leaves to XLA or to an ``IndexError`` (a
 negative length, ``xs`` leaves without a leading axis, non-array leaves) or lets through
 silently (a length of 3.5 runs 3 steps); :func:`check_like_lax_scan` then runs ``lax.scan``'s own
-checks (shape-only), so that its errors read as its errors; :func:`refuse_complex` is the error
-of the one restriction of the parallel methods (real carries).
+checks (shape-only), so that its errors read as its errors. The one restriction of the parallel
+methods (real carries) is checked with the others of a method, by
+:func:`bppsa.scan._core.methods.base.require`.
 """
 
 from __future__ import annotations
@@ -53,16 +54,6 @@ def complex_leaves(init) -> list:
     return [
         x for x in jax.tree.leaves(init) if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating)
     ]
-
-
-def refuse_complex(method, leaves) -> None:
-    """The error for an explicit method whose Jacobians are real, on a complex carry."""
-    kinds = ", ".join(f"{jnp.result_type(x).name}{list(jnp.shape(x))}" for x in leaves)
-    raise TypeError(
-        f"bppsa.scan: the carry has complex leaves ({kinds}), which the backward method "
-        f"{method!r} does not support (its Jacobians are real); use method='sequential' "
-        "(plain jax.lax.scan), or carry the real and imaginary parts as separate leaves."
-    )
 
 
 def check_like_lax_scan(f, init, xs, length, reverse):

@@ -16,14 +16,14 @@ from bppsa.scan._profile import get_profile
 class AutoForward(Forward):
     """Chooses the forward pass of each scan: ``lax.scan`` on CPUs (the Newton forward was
     measured far slower there); on accelerators ``bppsa.Newton()`` where
-    :mod:`bppsa.scan._core.cost` predicts the profile's ``newton_iterations`` Newton iterations
+    :mod:`bppsa.scan._core.cost` predicts the profile's ``rules.newton_iterations`` iterations
     faster than the ``T`` dependent steps of ``lax.scan`` (long sequences of small cells), else
     ``lax.scan``. Whatever it picks, the result is certified (see
     :class:`bppsa.Newton`).
 
     Example:
         >>> bppsa.AutoForward().choose(10_000, 20, "gpu", batch=16)
-        Newton(max_iterations=None, tol=None, quasi=False)
+        Newton(max_iterations=None, tol=None, quasi=False, solver=None)
         >>> bppsa.AutoForward().choose(10_000, 20, "cpu", batch=16)
         'sequential'
     """
@@ -60,17 +60,21 @@ class AutoForward(Forward):
         """Predicted seconds of each forward on ``backend``'s :func:`bppsa.get_profile`."""
         fp = cost.footprint_of(length, size, batch, element, width)
         profile = get_profile(backend)
+        newton = Newton()
+        solver = newton.solver_for(fp, backend)
         return {
             SequentialForward(): cost.sequential_forward(fp).seconds(profile),
-            Newton(): cost.newton_forward(fp, profile.newton_iterations).seconds(profile),
+            newton: cost.newton_forward(fp, profile.rules.newton_iterations, solver).seconds(
+                profile
+            ),
         }
 
-    def __call__(self, problem, consts, init, xs, *, keep, method=None):
+    def __call__(self, problem, consts, init, xs, *, keep):
         fp = problem.footprint
         chosen = self.choose(
             fp.length, fp.size, batch=fp.batch, element=fp.element, width=fp.width or None
         )
-        return chosen(problem, consts, init, xs, keep=keep, method=method)
+        return chosen(problem, consts, init, xs, keep=keep)
 
     def __repr__(self) -> str:
         return "'auto'"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from bppsa.scan._core import debug
-from bppsa.scan._core.carry import Layout, is_float, zero_cotangent
+from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, zero_cotangent
 
 # (g_end, linear maps, offsets | None) -> [g_start, ..., g_end]: a method's linear scan.
 LinearScan = Callable[[Array, Any, Array | None], Array]
@@ -64,7 +64,7 @@ def linearize_steps(all_steps: Callable, layout: Layout, consts, carries_before,
 def span_backward(
     scan: LinearScan,
     all_steps: Callable,
-    layout: Layout,
+    layout: Layout | BatchedLayout,
     consts,
     check: bool,
     carries_before,

@@ -50,9 +50,10 @@ class Cost:
     bytes: float
 
     def seconds(self, profile: Profile) -> float:
-        """The predicted time on ``profile``."""
-        throughput = max(self.flops / profile.flops, self.bytes / profile.bandwidth)
-        return self.steps * profile.step_latency + throughput
+        """The predicted time on ``profile``'s rates."""
+        rates = profile.rates
+        throughput = max(self.flops / rates.flops, self.bytes / rates.bandwidth)
+        return self.steps * rates.step_latency + throughput
 
     def times(self, blocks: float) -> Cost:
         return Cost(self.steps * blocks, self.flops * blocks, self.bytes * blocks)
@@ -144,13 +145,41 @@ def sequential_forward(fp: Footprint) -> Cost:
     )
 
 
-def newton_forward(fp: Footprint, iterations: float) -> Cost:
+def newton_forward(fp: Footprint, iterations: float, solver) -> Cost:
     """``bppsa.Newton()``: every iteration evaluates all steps with their Jacobians, checks the
-    residuals and solves the linear recurrence over dense Jacobians by the Blelloch scan."""
-    dense = dataclasses.replace(fp, element=fp.dense)
-    iteration = plus(jacobians(fp, fp.length), blelloch_scan(dense, fp.length), Cost(1, 0, 0))
+    residuals and solves the linear recurrence by ``solver``'s scan (a method: its cost over
+    the steps' Jacobians, which includes evaluating them); then the outputs, one evaluation."""
+    iteration = plus(solver.cost(fp), Cost(1, 0, 0))
     return plus(iteration.times(iterations), jacobians(fp, fp.length))
 
 
 def plus(*costs: Cost) -> Cost:
     return Cost(*(sum(getattr(c, f) for c in costs) for f in ("steps", "flops", "bytes")))
+
+
+def aggregate(fp: Footprint, steps: int) -> Cost:
+    """Composing ``steps`` maps into one affine map (:func:`bppsa.scan.aggregate`): ``steps``
+    dependent products of a map with the aggregate (``n`` dense rows and the offset)."""
+    composed = steps * fp.batch * fp.dense
+    return Cost(
+        steps=steps,
+        flops=2 * composed * (fp.product_width + 1),
+        bytes=fp.itemsize * steps * fp.batch * (fp.element + 2 * fp.aggregate),
+    )
+
+
+def exchange(fp: Footprint, devices: int, rounds: int = 0) -> Cost:
+    """``Sharded``'s exchange of the ``devices`` slices' aggregates: one ``all_gather`` and a
+    fold of ``devices`` matrix-vector products (``rounds=0``), or ``rounds`` dependent
+    neighbour exchanges each composing two aggregates (``ppermute``)."""
+    moved = devices * fp.batch * fp.aggregate
+    if rounds:
+        products = rounds * fp.batch * fp.dense
+        return Cost(
+            steps=2 * rounds + 1,
+            flops=2 * products * (fp.product_width + 1),
+            bytes=fp.itemsize * 3 * rounds * fp.batch * fp.aggregate,
+        )
+    return Cost(
+        steps=1 + devices, flops=2 * devices * fp.batch * fp.dense, bytes=fp.itemsize * moved
+    )

@@ -27,12 +27,11 @@ class Forward(abc.ABC):
 
     @abc.abstractmethod
     def __call__(
-        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool, method=None
+        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool
     ) -> tuple[Any, Any]:
         """Runs the steps of ``problem`` (``problem.body.step(carry, x, *consts) -> (carry, y,
-        ...)``) over ``xs`` (time order). A forward that solves linear recurrences (Newton's)
-        solves them with the linear scan of ``method``, the scan's Jacobian method (``None``:
-        the modified Blelloch scan).
+        ...)``) over ``xs`` (time order). What a forward needs besides (Newton's solver of its
+        linear recurrences) is its own setting, not the backward's.
 
         Returns:
             ``(final carry, ys)``, or with ``keep``: ``(final carry, (ys, carries_before))``,
@@ -47,7 +46,7 @@ class SequentialForward(Forward):
     name: ClassVar[str] = "sequential"
     sequential: ClassVar[bool] = True
 
-    def __call__(self, problem, consts, init, xs, *, keep, method=None):
+    def __call__(self, problem, consts, init, xs, *, keep):
         return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
 
     def __repr__(self) -> str:

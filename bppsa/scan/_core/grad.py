@@ -10,7 +10,7 @@ import jax
 
 from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import Forward
-from bppsa.scan._core.methods import Method
+from bppsa.scan._core.methods import Method, Policy
 from bppsa.scan._core.options import Options, ambient
 from bppsa.scan._precision import Precision
 
@@ -20,7 +20,7 @@ def value_and_grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str | None = None,
+    method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
@@ -100,7 +100,7 @@ def grad(
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
     *,
-    method: Method | str | None = None,
+    method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,

@@ -26,16 +26,14 @@ input gradient in dense back-propagation (``chain.dense_work(layer, output_shape
 where pruning does not thin it), its ``forward`` and its ``shapes``: the layers register their
 Jacobians with the core this way (:class:`bppsa.models.Chain`), never the other way round.
 
-The memory guard of the scans over time (:func:`bppsa.scan._core.methods.policy.fit`, with the
-chain's accounting registered here for its :class:`ChainFootprint`) runs between 1 and 2, at
-trace time: the products the scan would form are
+The chain's memory guard (:func:`guard`) runs between 1 and 2, at trace time: the products
+the method's scan would form (its :attr:`~bppsa.scan._core.methods.base.Method.levels`) are
 known from the static patterns, so a scan that would not fit raises
 :class:`bppsa.MemoryLimitError` (listing the levels that would fit) before anything runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -43,15 +41,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa.scan import _chain, _precision
+from bppsa.scan import _chain, _kernels, _precision
 from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.linear import linear_map
 from bppsa.scan._core.memory import MemoryLimitError, human
-from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
-from bppsa.scan._core.methods.policy import ChainWork
+from bppsa.scan._core.methods.policy import ChainWork, Policy, as_policy, bytes_allowed
 from bppsa.scan._core.methods.resolve import resolve
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._elements import Dense, MapStack
@@ -65,7 +62,7 @@ def apply(chain, params, x, masks):
     """``chain.forward(params, x, masks=masks)``, differentiated by the ambient method."""
     opts = options.current()
     requested = resolve(opts.method)
-    method = policy.for_chain(requested, lambda: chain_work(chain, params, x, masks))
+    method = as_policy(requested).chain_method(lambda: chain_work(chain, params, x, masks))
     plan = plans.record(
         requested=requested,
         method=method,
@@ -78,16 +75,6 @@ def apply(chain, params, x, masks):
     static, traced = _split_masks(chain, masks)
     run = _differentiable(chain, static, method, requested, opts.memory_limit, plan, opts.precision)
     return run(params, x, traced)
-
-
-def chain_levels(method: Method) -> int | None:
-    """The parallel up-sweep levels ``method``'s scan over layers runs (``0``: the sequential
-    chain; ``None``: all of them, also what the memory guard assumes of an unknown method)."""
-    if isinstance(method, SequentialScan):
-        return 0
-    if isinstance(method, Blelloch):
-        return method.levels
-    return None
 
 
 def layer_maps(chain, params, inputs, masks) -> list[MapStack | None]:
@@ -126,7 +113,9 @@ def layer_maps_at(chain, params, x, masks) -> list[MapStack | None]:
     return _maps_and_inputs(chain, params, x, _masks_list(chain, masks))[0]
 
 
-def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None = None) -> int:
+def estimate_memory(
+    chain, params, x, *, masks=None, method: Method | Policy | str | None = None
+) -> int:
     """Estimated peak bytes of ``chain.apply``'s forward and backward with ``method``.
 
     The layers' inputs kept for the backward, their transposed Jacobians as stored, and the
@@ -136,14 +125,16 @@ def estimate_memory(chain, params, x, *, masks=None, method: Method | str | None
     requested = resolve(method)
     masks = _masks_list(chain, masks)
     maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
-    method = policy.for_chain(requested, lambda: _work(chain, params, x, maps))
+    method = as_policy(requested).chain_method(lambda: _work(chain, params, x, maps))
     if not method.uses_jacobians:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
-    return policy.bytes_needed(ChainFootprint(maps, inputs, requested), method)
+    return _footprint_bytes(maps, inputs, method.levels)
 
 
-def _differentiable(chain, static_masks, method: Method, requested: Method, limit, plan, precision):
+def _differentiable(
+    chain, static_masks, method: Method, requested: Method | Policy, limit, plan, precision
+):
     """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
     ``jax.custom_jvp`` whose tangents go through :func:`bppsa.scan._core.linear.linear_map`.
     Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
@@ -170,7 +161,8 @@ def _differentiable(chain, static_masks, method: Method, requested: Method, limi
         (ct_y,) = ct
         y = jax.eval_shape(forward, params, inputs[0], traced)
         g = jnp.zeros(y.shape, y.dtype) if ct_y is None else ct_y
-        with _precision.products(precision):
+        kernels = as_policy(requested).profile_for().kernels
+        with _kernels.library(precision, kernels):
             ct_params, ct_x = _backward(
                 chain, method, requested, limit, plan, params, inputs, masks_of(traced), g
             )
@@ -194,7 +186,7 @@ def _backward(chain, method, requested, limit, plan, params, inputs, masks, g):
     """``(ct_params, ct_x)`` from the output cotangent ``g``: every layer's transposed Jacobian,
     the memory guard, ``method``'s scan over the layers, then each layer's parameter VJP."""
     maps = layer_maps(chain, params, inputs, masks)
-    policy.fit(method, ChainFootprint(maps, inputs, requested), limit)
+    guard(method, requested, maps, inputs, limit)
     if plan is not None:
         plan.backward = method
     batch = g.shape[0]
@@ -303,30 +295,22 @@ def _itemsize(x) -> int:
     return jnp.dtype(x.dtype).itemsize
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class ChainFootprint:
-    """What the memory guard (:func:`bppsa.scan._core.methods.policy.fit`) weighs for a chain
-    of layers: their transposed Jacobians (``None`` for an identity), the inputs the forward
-    keeps, and the method the user asked for (its error names it)."""
+def guard(method: Method, requested, maps: list, inputs: list, limit: float | None) -> None:
+    """The memory guard of a chain's backward: the layers' inputs kept, their transposed
+    Jacobians (``None`` for an identity) and the products ``method``'s scan forms, against
+    ``limit`` bytes (``None``: the default device's available memory).
 
-    maps: list
-    inputs: list
-    requested: Method
-
-
-@policy.bytes_needed.register
-def _chain_bytes(fp: ChainFootprint, method: Method) -> int:
-    return _footprint_bytes(fp.maps, fp.inputs, chain_levels(method))
-
-
-@policy.over_limit.register
-def _chain_over_limit(fp: ChainFootprint, requested, chosen, need, limit, limit_bytes):
-    return _memory_error(fp.requested, chosen, need, limit, limit_bytes, fp.maps, fp.inputs)
+    Raises:
+        MemoryLimitError: naming ``requested`` and listing the levels that fit.
+    """
+    need, limit_bytes = _footprint_bytes(maps, inputs, method.levels), bytes_allowed(limit)
+    if need > limit_bytes:
+        raise _memory_error(requested, method, need, limit, limit_bytes, maps, inputs)
 
 
 def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:
     fits = []
-    for levels in _fewer_levels(chain_levels(method), maps):
+    for levels in _fewer_levels(method.levels, maps):
         b = _footprint_bytes(maps, inputs, levels)
         if b <= limit_bytes:
             fits.append((SequentialScan() if levels == 0 else Blelloch(levels=levels), b))
@@ -347,7 +331,7 @@ def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> 
 
 def _describe(method: Method) -> str:
     """A few words for messages: what ``method``'s scan over the layers does."""
-    levels = chain_levels(method)
+    levels = method.levels
     if levels == 0:
         return "sequential sparse chain"
     return "all parallel levels" if levels is None else f"{levels} parallel levels"

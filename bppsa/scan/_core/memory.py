@@ -74,6 +74,11 @@ class Footprint:
             ``k x k`` blocks, ``1`` for diagonals; ``0``: ``size``).
         structure: the name of a structure the maps keep through products (``"diagonal"``,
             ``"block-diagonal k=2"``), ``None`` for none.
+        kept: the steps whose carries the forward keeps for the backward (``None``:
+            ``length``): a method that runs its backward in parts (time blocks, a device's
+            slice) weighs one part's ``length`` with the whole scan's ``kept`` (:meth:`part`).
+        complex_leaves: the carry's complex leaves, as ``"complex64[3]"`` (only plain
+            back-propagation supports them).
     """
 
     length: int
@@ -87,6 +92,8 @@ class Footprint:
     vmapped: bool = True
     width: int = 0
     structure: str | None = None
+    kept: int | None = None
+    complex_leaves: tuple[str, ...] = ()
 
     @property
     def product_width(self) -> int:
@@ -124,7 +131,20 @@ class Footprint:
 
     def residual_floats(self) -> float:
         """The carries kept by the forward for the backward."""
-        return RESIDUAL_STATES * self.length * self.state
+        kept = self.length if self.kept is None else self.kept
+        return RESIDUAL_STATES * kept * self.state
+
+    def span_bytes(self, extra: float = 0.0) -> int:
+        """Bytes of a backward that evaluates all its ``length`` steps at once: the carries
+        kept, the steps' Jacobians, VJP arrays and cotangents, and ``extra`` floats per example
+        (what the method's scan forms beside them)."""
+        return self.bytes(self.residual_floats() + (self.span_floats(self.length) + extra))
+
+    def part(self, steps: int) -> Footprint:
+        """The footprint of ``steps`` of these steps run as one part of the backward (a time
+        block, a device's slice): ``length=steps``, the same carries kept."""
+        kept = self.length if self.kept is None else self.kept
+        return dataclasses.replace(self, length=steps, kept=kept)
 
     def span_floats(self, steps: int) -> float:
         """Jacobians, VJP arrays and cotangents of ``steps`` steps evaluated at once."""
@@ -145,6 +165,7 @@ def footprint(
     batch: int = 1,
     inputs: int = 0,
     vmapped: bool = True,
+    complex_leaves: tuple[str, ...] = (),
 ) -> Footprint:
     """The footprint of a scan from the shape of its stacked Jacobians.
 
@@ -157,10 +178,22 @@ def footprint(
         batch: vmapped examples.
         inputs: floats of one step's floating-point ``xs`` for one example.
         vmapped: whether the scan runs under ``jax.vmap``.
+        complex_leaves: the carry's complex leaves, as ``"complex64[3]"``.
     """
     if jac_t is None:
         dense = state * state
-        return Footprint(length, state, dense, dense, itemsize, batch, state, inputs, vmapped)
+        return Footprint(
+            length,
+            state,
+            dense,
+            dense,
+            itemsize,
+            batch,
+            state,
+            inputs,
+            vmapped,
+            complex_leaves=complex_leaves,
+        )
     return Footprint(
         length,
         state,
@@ -173,6 +206,7 @@ def footprint(
         vmapped=vmapped,
         width=jac_t.width,
         structure=jac_t.structure,
+        complex_leaves=complex_leaves,
     )
 
 

@@ -9,8 +9,10 @@ quasi-Newton variant of Gonzalez et al., NeurIPS 2024, made certified). The traj
     ``h^{k+1}_t = J_t h^{k+1}_{t-1} + (f(h^k_{t-1}, x_t) - J_t h^k_{t-1})``,
     ``J_t = d f / d h (h^k_{t-1}, x_t)``,
 
-with the known ``h_0`` as its leftmost element: a scan over affine maps, run by the modified
-Blelloch scan in ``2 ceil(log2(T + 1))`` levels (the backward's algorithm, forward in time).
+with the known ``h_0`` as its leftmost element: a scan over affine maps, run forward in time by
+the linear scan of Newton's ``solver`` (default: what ``bppsa.Auto()`` picks for a scan over
+these Jacobians on the device, e.g. the modified Blelloch scan in ``2 ceil(log2(T + 1))``
+levels on a GPU), whatever method the backward runs.
 With ``quasi=True`` only the diagonal of ``J_t`` is used (elementwise products: cheap, but
 linear instead of quadratic convergence). The first iterate is every step taken from ``h_0``,
 ``f(h_0, x_t)``, evaluated in parallel. In exact arithmetic, ``k`` iterations make the first
@@ -27,6 +29,7 @@ unconverged trajectory: at worst it is ``lax.scan``'s, after the iterations trie
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -36,6 +39,8 @@ from jax import lax
 
 from bppsa.scan import _algorithms
 from bppsa.scan._core.forward import Forward, run_sequentially
+from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
 
 # Default tolerance, in units of the dtype's machine epsilon, of every step's residual relative
 # to the size of the states (|r_t| <= tol (|f_t| + mean_t |f_t|), elementwise). Measured with
@@ -91,6 +96,11 @@ class Newton(Forward):
         tol: residual tolerance relative to the states (``None``: 64 x the dtype's epsilon).
         quasi: use only the diagonals of the Jacobians (elementwise scans: cheaper iterations,
             more of them).
+        solver: the method whose linear scan solves each iteration's recurrence, or a policy
+            that picks it per scan (a method name works too); ``None``: ``bppsa.Auto()``'s
+            pick for a scan over these Jacobians on the default device (a parallel scan on
+            accelerators, time blocks of the sequential one on CPUs). Independent of the
+            backward's ``method``.
         callback: called as ``callback(info)`` with a :class:`NewtonInfo` of NumPy values every
             time the forward runs (through ``jax.debug.callback``, so also under ``jax.jit``).
 
@@ -108,6 +118,7 @@ class Newton(Forward):
     tol: float | None = None
     quasi: bool = False
     callback: Callable[[NewtonInfo], Any] | None = dataclasses.field(default=None, repr=False)
+    solver: Method | Policy | None = None
     name: ClassVar[str] = "newton"
 
     def __post_init__(self):
@@ -123,6 +134,16 @@ class Newton(Forward):
             raise TypeError(f"Newton: quasi must be a bool, got {type(self.quasi).__name__}.")
         if self.callback is not None and not callable(self.callback):
             raise TypeError("Newton: callback must be callable or None.")
+        if self.solver is not None:
+            object.__setattr__(self, "solver", resolve(self.solver, argname="Newton: solver"))
+
+    def solver_for(self, fp: Footprint, backend: str | None = None) -> Method:
+        """The method that solves the linear recurrences of a scan of footprint ``fp`` (its
+        Jacobians'; diagonal ones with ``quasi``) on ``backend``."""
+        if self.quasi:
+            fp = dataclasses.replace(fp, element=fp.size, dense=fp.size, width=1)
+        policy = as_policy(self.solver if self.solver is not None else Auto())
+        return policy.scan_method(fp, math.inf, backend=backend, jacobians=True)
 
     def iterations(self, length: int) -> int:
         """The iteration limit for ``length`` steps."""
@@ -133,7 +154,7 @@ class Newton(Forward):
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
 
-    def __call__(self, problem, consts, init, xs, *, keep, method=None):
+    def __call__(self, problem, consts, init, xs, *, keep):
         length, layout = problem.length, problem.layout
         if not all(layout.float_mask):
             raise TypeError(
@@ -142,7 +163,7 @@ class Newton(Forward):
             )
         if length == 0 or not problem.differentiable_carry:
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
-        states, info = self.solve(problem, consts, init, xs, method)
+        states, info = self.solve(problem, consts, init, xs, self.solver_for(problem.footprint))
         before = _unpack(layout, init, _shifted(layout.pack(init), states))
         (_, ys), _ = problem.all_steps()(consts, before, xs)
         if self.callback is not None:

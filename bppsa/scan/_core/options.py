@@ -20,8 +20,10 @@ from typing import Any
 from bppsa.scan import _precision
 from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import Forward
+from bppsa.scan._core.forwards import resolve_forward
 from bppsa.scan._core.methods.base import Method
-from bppsa.scan._core.methods.resolve import resolve, resolve_forward
+from bppsa.scan._core.methods.policy import Policy
+from bppsa.scan._core.methods.resolve import resolve
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ class Options:
             :mod:`bppsa.scan._precision`; unset: ``"highest"``).
     """
 
-    method: Method | None = None
+    method: Method | Policy | None = None
     memory_limit: float | None = None
     check_finite: bool | None = None
     check_structure: bool | None = None

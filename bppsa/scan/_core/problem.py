@@ -140,6 +140,9 @@ class Problem:
             batch=self.batch,
             vmapped=self.vmapped,
             inputs=sum(math.prod(a.shape[1:]) for a in jax.tree.leaves(self.xs) if is_float(a)),
+            complex_leaves=tuple(
+                f"{a.dtype.name}{list(a.shape)}" for a in arguments.complex_leaves(self.init)
+            ),
         )
 
 

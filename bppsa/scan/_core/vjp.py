@@ -10,8 +10,9 @@ that entered every step, and returns the tangents through
   ``dh_t = J_t dh_{t-1} + u_t`` (``u_t`` what the step's inputs and parameters send), solved by
   the method's own linear scan over the steps' Jacobians, in time order (:func:`tangents`);
 * transposed (``jax.grad``, ``jax.vjp``, ``jax.jacrev``), it is the method's backward: the
-  policy's ``fit`` picks the requested method's concrete method for this scan's footprint and
-  memory limit, which back-propagates the cotangents (:func:`cotangents`).
+  requested policy (:mod:`bppsa.scan._core.methods.policy`; a method given by the user is its
+  own policy) picks the method for this scan's footprint and memory limit, which
+  back-propagates the cotangents (:func:`cotangents`).
 
 Higher orders compose: the rule calls the scan itself for its primal (a variant that also
 returns the carries), so an outer derivative goes through the same rule again.
@@ -21,20 +22,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 
+from bppsa.scan import _kernels
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.linear import linear_map
-from bppsa.scan._core.methods import policy
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, require
+from bppsa.scan._core.methods.policy import Policy, as_policy
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._precision import Precision, products
+from bppsa.scan._precision import Precision
 
 if TYPE_CHECKING:
     from bppsa.scan._core.plans import ScanPlan
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
 
 def differentiable(
-    requested: Method,
+    requested: Method | Policy,
     concrete: Method,
     problem: Problem,
     forward: Forward,
@@ -54,8 +55,8 @@ def differentiable(
 ):
     """The scan as a differentiable ``(consts, init, xs) -> (carry, ys)`` (``xs`` in time
     order) that ``concrete`` runs: ``lax.scan`` itself for plain back-propagation, else
-    :func:`jacobian_scan` (``requested`` is the method the user asked for; a policy's
-    :func:`~bppsa.scan._core.methods.policy.fit` picks the backward when it is traced)."""
+    :func:`jacobian_scan` (``requested`` is the method or policy the user asked for; its
+    policy picks the backward within the memory limit when it is traced)."""
     if not concrete.uses_jacobians:
         if forward.sequential:
 
@@ -80,7 +81,7 @@ def differentiable(
 
 
 def jacobian_scan(
-    requested: Method,
+    requested: Method | Policy,
     problem: Problem,
     forward: Forward,
     *,
@@ -92,8 +93,8 @@ def jacobian_scan(
     """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA derivatives.
 
     Args:
-        requested: the method the scan was asked for; ``policy.fit`` picks the concrete
-            method of the backward from it when the backward is traced.
+        requested: the method or policy the scan was asked for; its policy picks the method
+            of the backward when the backward is traced.
         problem: the prepared scan.
         forward: the forward slot.
         memory_limit: bytes (``None``: the default device's available memory).
@@ -106,16 +107,14 @@ def jacobian_scan(
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
-        with products(precision):
-            carry, (ys, before) = forward(
-                problem, consts, init, xs, keep=True, method=setup.forward_method
-            )
+        with setup.library():
+            carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
     @jax.custom_jvp
     def run(consts, init, xs):
-        with products(precision):
-            return forward(problem, consts, init, xs, keep=False, method=setup.forward_method)
+        with setup.library():
+            return forward(problem, consts, init, xs, keep=False)
 
     def rule(primals, tangents):
         out = run_keep(*primals)
@@ -145,7 +144,7 @@ def jacobian_scan(
 class _Setup:
     """What the tangent map and its transpose need of the scan."""
 
-    requested: Method
+    requested: Method | Policy
     problem: Problem
     memory_limit: float | None
     check_finite: bool
@@ -153,21 +152,25 @@ class _Setup:
     precision: Precision | None
 
     @functools.cached_property
-    def forward_method(self) -> Method:
-        """The method whose linear scan a parallel forward (Newton's) solves with: what the
-        backward runs, before the memory guard (a forward alone never raises its error)."""
-        return policy.fit(self.requested, self.problem.footprint, math.inf)
+    def policy(self) -> Policy:
+        return as_policy(self.requested)
+
+    def library(self):
+        """The context of the library's own work for this scan: the products' precision and
+        the kernels' switches of the policy's profile (:mod:`bppsa.scan._kernels`)."""
+        return _kernels.library(self.precision, self.policy.profile_for().kernels)
 
     @functools.cached_property
     def fitted(self) -> Method:
-        """The concrete method for this scan (``policy.fit`` of ``requested``), chosen once: the
-        whole-batch backward and the one-by-one path it may hand over to share it."""
-        return policy.fit(self.requested, self.problem.footprint, self.memory_limit)
+        """The method of this scan's backward (the policy's, within the memory limit), chosen
+        once: the whole-batch backward and the one-by-one path it may hand over share it."""
+        fp = self.problem.footprint
+        return self.policy.scan_method(fp, self.memory_limit, jacobians=True)
 
     def tangents(self, res, lin):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
         recurrence, solved in time order by the method's linear scan (float leaves only)."""
-        with products(self.precision):
+        with self.library():
             return self._tangents(res, lin)
 
     def _tangents(self, res, lin):
@@ -181,6 +184,7 @@ class _Setup:
         dbefore = jax.tree.map(zero_cotangent, before)
         if problem.differentiable_carry:
             method = self.fitted
+            require(method, "tangents")
             inputs_dot, _ = f_jvp(dconsts, dbefore, dxs)
             h = method.forward_scan(  # [dh_0, ..., dh_T]
                 layout.pack(dinit), jac_t, layout.pack(inputs_dot, stacked=True)
@@ -195,7 +199,7 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
         (``None`` where none arrives): the method's backward."""
-        with products(self.precision):
+        with self.library():
             return self._backward(self.problem, self.fitted, res, cts)
 
     def batched_cotangents(self, res, res_axes, cts, lin_axes):
@@ -205,7 +209,7 @@ class _Setup:
         arrays, so that the cotangents of the shared consts come out of one product over steps
         and examples. It needs consts shared by the batch (their values and tangents), and it
         leaves the finiteness check (which reports per example) to the one-by-one path."""
-        with products(self.precision):
+        with self.library():
             return self._batched_cotangents(res, res_axes, cts, lin_axes)
 
     def _batched_cotangents(self, res, res_axes, cts, lin_axes):
@@ -215,7 +219,7 @@ class _Setup:
         if self.check_finite or _any_batched(const_axes) or _any_batched(const_lin_axes):
             return None
         method = self.fitted
-        if not method.batches:
+        if not method.supports.whole_batch:
             return None
         size = _batch_size(res, res_axes, cts)
 

@@ -1,38 +1,43 @@
-"""Backward methods: objects that own how a scan is differentiated, one file each.
+"""Backward methods and the policies that choose them, one file each.
 
-A method decides, for a scan's footprint, which concrete backward runs (``concrete``; ``Auto``
-is a policy that returns another method), what memory it needs (``memory``) and what it costs
-(``cost``), and, for Jacobian methods, carries out the backward (``backward`` and their linear
-``scan``). What runs within a memory limit is :func:`~bppsa.scan._core.methods.policy.fit`'s
-choice, and :func:`bppsa.scan._core.vjp.differentiable` wires the chosen method into the scan
-as a differentiable function.
-:class:`Blocked` wraps any Jacobian method to run its backward in time blocks. Adding a method
-is adding a file here and a name in :mod:`bppsa.scan._core.methods.resolve` if it takes no
-arguments.
+A method (:class:`Method`) is its linear ``scan`` over the steps' transposed Jacobians, its
+``memory`` and its ``cost``, and declares what it supports (:class:`Supports`); plain
+back-propagation (:class:`Sequential`) is the one method that scans no Jacobians. A policy
+(:class:`Policy`; ``Auto`` is the library's) chooses the method of each scan and chain of
+layers, within a memory limit (:mod:`~bppsa.scan._core.methods.policy`), and
+:func:`bppsa.scan._core.vjp.differentiable` wires the chosen method into the scan as a
+differentiable function. :class:`Blocked` runs any Jacobian method's backward in time blocks,
+:class:`Sharded` across devices. Adding a method is adding a file here and its class to the
+exports and the names below.
 """
 
 from bppsa.scan._core.methods.auto import Auto
-from bppsa.scan._core.methods.base import JacobianMethod, Method
+from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
-from bppsa.scan._core.methods.resolve import FORWARDS, METHODS, resolve, resolve_forward
+from bppsa.scan._core.methods.policy import Fixed, Policy, as_policy
+from bppsa.scan._core.methods.resolve import METHODS, names, resolve
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.methods.sharded import Sharded
 
+METHODS.update(names(Auto, Blelloch, Blocked, Chunked, Sequential, SequentialScan, Sharded))
+
 __all__ = [
-    "FORWARDS",
     "METHODS",
     "Auto",
     "Blelloch",
     "Blocked",
     "Chunked",
-    "JacobianMethod",
+    "Fixed",
     "Method",
+    "Policy",
     "Sequential",
     "SequentialScan",
     "Sharded",
+    "Supports",
+    "as_policy",
+    "require",
     "resolve",
-    "resolve_forward",
 ]

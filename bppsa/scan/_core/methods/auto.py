@@ -1,29 +1,35 @@
-"""``Auto()``: a policy that picks a concrete method for each scan."""
+"""``Auto()``: the library's policy, which picks a method for each scan and chain."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import keeps_structure
 from bppsa.scan._core.methods import policy
-from bppsa.scan._core.methods.base import Method, memory_of
+from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
 from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._profile import Profile, Rules, get_profile
 
 
 @dataclasses.dataclass(frozen=True)
-class Auto(Method):
+class Auto(policy.Policy):
     """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
 
-    :meth:`choose` says what it picks. On accelerators it is the method the cost model of
-    :mod:`bppsa.scan._core.cost` predicts fastest among back-propagation, ``Blelloch()``
+    A policy (:class:`bppsa.scan._core.methods.policy.Policy`), passed as ``method=`` like a
+    method; :func:`bppsa.trace_plans` records what it chose for each scan, :meth:`choose`
+    says what it picks and :meth:`predictions` why, on accelerators.
+
+    On accelerators it is the method the cost model of
+    :mod:`bppsa.scan._core.cost` predicts fastest among its ``candidates``, by default
+    back-propagation, ``Blelloch()``
     (``Theta(log T)`` levels) and ``Chunked()`` (:meth:`predictions` gives the predicted times:
     the parallel scans for the paper's small cells, back-propagation where their ~``n``-fold
     extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``). On
@@ -36,6 +42,13 @@ class Auto(Method):
     (``Sequential()``). When the chosen method does not fit the memory limit, the first
     lower-memory method that does (see :func:`bppsa.estimate_memory`).
 
+    Attributes:
+        profile: the measured constants it chooses by (``None``: the backend's,
+            :func:`bppsa.get_profile`).
+        candidates: the methods the cost model ranks on accelerators (``None``:
+            ``Sequential()``, ``Blelloch()``, ``Chunked()``); any method with a ``cost``,
+            a user's own too.
+
     Example:
         >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
         Blocked(method=SequentialScan(), block=2048)
@@ -44,6 +57,7 @@ class Auto(Method):
     """
 
     profile: Profile | None = None
+    candidates: tuple[Method, ...] | None = None
     name: ClassVar[str] = "auto"
 
     def __post_init__(self):
@@ -51,10 +65,33 @@ class Auto(Method):
             raise TypeError(
                 f"Auto: profile must be a bppsa.Profile or None, got {type(self.profile).__name__}."
             )
+        candidates = self.candidates
+        if candidates is not None:
+            if isinstance(candidates, list):
+                candidates = tuple(candidates)
+                object.__setattr__(self, "candidates", candidates)
+            if (
+                not isinstance(candidates, tuple)
+                or not candidates
+                or not all(isinstance(m, Method) for m in candidates)
+            ):
+                raise TypeError(
+                    f"Auto: candidates must be a non-empty tuple of methods, got {candidates!r}."
+                )
+            if not any(m.uses_jacobians for m in candidates):
+                raise ValueError(
+                    "Auto: candidates need a method that scans the Jacobians (for the "
+                    f"finiteness check and the forward's solves), got {candidates!r}."
+                )
+
+    @property
+    def ranked(self) -> tuple[Method, ...]:
+        """The methods the cost model ranks on accelerators."""
+        return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
 
     def profile_for(self, backend: str | None = None) -> Profile:
-        """The profile this policy chooses by on ``backend``: its own, else the backend's
-        (:func:`bppsa.get_profile`)."""
+        """The profile this policy chooses by on ``backend``, passed down to the kernels: its
+        own, else the backend's (:func:`bppsa.get_profile`)."""
         return self.profile or get_profile(backend)
 
     def choose(
@@ -68,8 +105,9 @@ class Auto(Method):
         inputs: int = 0,
         single: bool = False,
         width: int | None = None,
+        jacobians: bool = False,
     ) -> Method:
-        """The method used for a scan.
+        """The method used for a scan (no memory limit).
 
         Args:
             length: number of steps ``T``.
@@ -87,42 +125,30 @@ class Auto(Method):
             width: the inner dimension of a product of two steps' maps when the maps keep a
                 structure through products (``1`` diagonal, ``k`` for ``k x k`` blocks; then
                 a product keeps ``element`` floats); default ``None``: products are dense.
+            jacobians: the method to use where the Jacobians are scanned anyway (a parallel
+                forward's solves, the finiteness check): never ``Sequential()``.
 
         Returns:
-            A concrete method; ``Sequential()`` means plain back-propagation.
+            A method; ``Sequential()`` means plain back-propagation.
         """
         profile = self.profile_for(backend)
+        candidates = tuple(m for m in self.ranked if m.uses_jacobians or not jacobians)
         if not profile.measured_rules:
-            return _fastest(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
+            return _fastest(candidates, length, size, profile, batch, element, width)
         element = _element(size, element)
         structured = keeps_structure(size, width)
-        if not _parallel_pays(profile, length, size, batch, element, inputs, single, structured):
+        if not jacobians and not _parallel_pays(
+            profile.rules, length, size, batch, element, inputs, single, structured
+        ):
             return Sequential()
-        return self.parallel(length, size, backend, batch=batch, element=element, width=width)
-
-    def parallel(
-        self,
-        length: int,
-        size: int,
-        backend: str | None = None,
-        *,
-        batch: int = 1,
-        element: int | None = None,
-        width: int | None = None,
-    ) -> Method:
-        """The method :meth:`choose` would use with the Jacobians (never ``Sequential()``)."""
-        profile = self.profile_for(backend)
-        if not profile.measured_rules:
-            candidates = ACCELERATOR_CHOICES[1:]
-            return _fastest(candidates, length, size, profile, batch, element, width)
-        work = max(batch * _element(size, element), 1)
+        work = max(batch * element, 1)
         if keeps_structure(size, width):
             # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
-            low, high = profile.structured_block_steps
-            block = _power_of_two(profile.structured_block_work // work, low, high)
+            low, high = profile.rules.structured_block_steps
+            block = _power_of_two(profile.rules.structured_block_work // work, low, high)
             return Blocked(SequentialScan(), block)
-        low, high = profile.block_steps
-        return Blocked(SequentialScan(), _power_of_two(profile.block_work // work, low, high))
+        low, high = profile.rules.block_steps
+        return Blocked(SequentialScan(), _power_of_two(profile.rules.block_work // work, low, high))
 
     def predictions(
         self,
@@ -143,16 +169,15 @@ class Auto(Method):
             Sequential()
         """
         profile = self.profile_for(backend)
-        return _predicted(ACCELERATOR_CHOICES, length, size, profile, batch, element, width)
+        return _predicted(self.ranked, length, size, profile, batch, element, width)
 
-    def for_footprint(self, fp, backend: str | None = None, *, parallel: bool = False) -> Method:
-        """:meth:`choose` (or :meth:`parallel`) for a scan of footprint ``fp``."""
-        width = fp.width or None
-        if parallel:
-            return self.parallel(
-                fp.length, fp.size, backend, batch=fp.batch, element=fp.element, width=width
-            )
-        return self.choose(
+    def scan_method(self, fp, limit=math.inf, *, backend=None, jacobians=False):
+        """:meth:`choose` for a scan of footprint ``fp``: plain back-propagation for a complex
+        carry; within ``limit``, else the first lower-memory method of the memory guard's list
+        that fits (the profile's ``fallback_block``)."""
+        if fp.complex_leaves:
+            return Sequential()
+        chosen = self.choose(
             fp.length,
             fp.size,
             backend,
@@ -160,54 +185,30 @@ class Auto(Method):
             element=fp.element,
             inputs=fp.inputs,
             single=fp.single,
-            width=width,
+            width=fp.width or None,
+            jacobians=jacobians,
         )
+        if limit is None or limit < math.inf:
+            need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
+            if need > limit_bytes:
+                candidates = fallbacks(self.profile_for(backend))
+                options = policy.lower_memory(candidates, fp, need, limit_bytes)
+                if not options:
+                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp)
+                return options[0][0]
+        return chosen
 
-    def concrete(self, problem):
-        return self.for_footprint(problem.footprint)
-
-    def fit(self, fp, limit, backend: str | None = None):
-        """The parallel method :meth:`parallel` picks, or else the first lower-memory method of
-        the memory guard's list that fits (``Auto()``'s rule of
-        :func:`bppsa.scan._core.methods.policy.fit`)."""
-        chosen = self.for_footprint(fp, backend, parallel=True)
-        need, limit_bytes = policy.bytes_needed(fp, chosen), policy.bytes_allowed(limit)
-        if need <= limit_bytes:
-            return chosen
-        options = policy.lower_memory(fallbacks(self.profile_for(backend)), fp, need, limit_bytes)
-        if options:
-            return options[0][0]
-        raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp)
-
-    def for_complex_carry(self, leaves):
-        return Sequential()
-
-    def for_chain(self, work: policy.ChainWork | None = None) -> Method:
+    def chain_method(self, work):
         """The sequential sparse chain (``SequentialScan()``) where the pruning makes it cheaper
         than dense back-propagation by the measured margin (the profile's
         ``chain_sparse_cost``), else plain back-propagation (``Sequential()``: JAX's autodiff
         of the forward). The parallel levels' filled-in products never paid on a CPU
         (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
-        cost_ratio = self.profile_for().chain_sparse_cost
-        if work is not None and cost_ratio * work.sparse < work.dense:
+        cost_ratio = self.profile_for().rules.chain_sparse_cost
+        measured = work()
+        if cost_ratio * measured.sparse < measured.dense:
             return SequentialScan()
         return Sequential()
-
-
-@policy.fit.register
-def _fit(method: Auto, fp, limit, backend=None):
-    return method.fit(fp, limit, backend)
-
-
-@policy.for_chain.register
-def _for_chain(method: Auto, work):
-    return method.for_chain(work())
-
-
-@policy.checking.register
-def _checking(method: Auto, problem):
-    # The finiteness check is part of the Jacobian backward: Auto's parallel pick.
-    return method.for_footprint(problem.footprint, parallel=True)
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
@@ -221,7 +222,7 @@ def _predicted(candidates, length, size, profile, batch, element, width) -> dict
 
 def _fastest(candidates, length, size, profile, batch, element, width) -> Method:
     times = _predicted(candidates, length, size, profile, batch, element, width)
-    return min(times, key=times.get)
+    return min(times, key=lambda m: times[m])
 
 
 def _power_of_two(steps: int, low: int, high: int) -> int:
@@ -230,10 +231,10 @@ def _power_of_two(steps: int, low: int, high: int) -> int:
 
 
 def _parallel_pays(
-    p: Profile, length, size, batch, element, inputs, single=False, structured=False
+    p: Rules, length, size, batch, element, inputs, single=False, structured=False
 ) -> bool:
     """Whether the blocked scan over the Jacobians beats back-propagation, by ``p``'s measured
-    thresholds (see :class:`bppsa.Profile`); maps whose products keep a structure always do,
+    thresholds (see :class:`bppsa.Rules`); maps whose products keep a structure always do,
     except for one example outside ``jax.vmap``."""
     if single and element < p.single_element * size:
         return False
@@ -250,8 +251,3 @@ def _parallel_pays(
 
 def _element(size: int, element: int | None) -> int:
     return size * size if element is None else element
-
-
-@memory_of.register
-def _memory(method: Auto, fp):
-    return method.for_footprint(fp).memory(fp)

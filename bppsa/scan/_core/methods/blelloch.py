@@ -8,11 +8,11 @@ from typing import ClassVar
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BLELLOCH_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod, cost_of, span_floats_of
+from bppsa.scan._core.methods.base import Method, Supports
 
 
 @dataclasses.dataclass(frozen=True)
-class Blelloch(JacobianMethod):
+class Blelloch(Method):
     """BPPSA's modified Blelloch scan: ``Theta(log T)`` levels (MLSys 2020, Wang et al.).
 
     Args:
@@ -22,8 +22,9 @@ class Blelloch(JacobianMethod):
             in quickly, which is why the paper's analysis of VGG-11 ran two.
     """
 
-    levels: int | None = None
+    levels: int | None = None  # type: ignore[assignment]  # a setting here, Method's property
     name: ClassVar[str] = "blelloch"
+    supports: ClassVar[Supports] = Supports(layers=True)
 
     def __post_init__(self):
         if self.levels is not None and (
@@ -37,12 +38,8 @@ class Blelloch(JacobianMethod):
     def scan(self, g_last, maps, offsets):
         return _algorithms.blelloch(g_last, maps, offsets, levels=self.levels)
 
+    def memory(self, fp):
+        return fp.span_bytes(BLELLOCH_DENSE * fp.length * fp.dense)
 
-@span_floats_of.register
-def _span_floats(method: Blelloch, fp, steps):
-    return fp.span_floats(steps) + BLELLOCH_DENSE * steps * fp.dense
-
-
-@cost_of.register
-def _cost(method: Blelloch, fp):
-    return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))
+    def cost(self, fp):
+        return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))

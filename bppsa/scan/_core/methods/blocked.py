@@ -7,11 +7,15 @@ import functools
 from typing import ClassVar
 
 from bppsa.scan._core import backward, cost
-from bppsa.scan._core.methods.base import JacobianMethod, cost_of, refuse_layers, span_floats_of
+from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
+
+BLOCK = 1024  # the default block: the memory guard's fallback block on both profiles
+SEQUENTIAL_SCAN = SequentialScan()  # the default method
 
 
 @dataclasses.dataclass(frozen=True)
-class Blocked(JacobianMethod):
+class Blocked(Method):
     """Runs ``method``'s backward over blocks of ``block`` steps, from the last block back.
 
     Every block is evaluated all steps at once and scanned with ``method``; the cotangent
@@ -19,19 +23,24 @@ class Blocked(JacobianMethod):
     through memory costs more than the loop over blocks, so blocks sized to stay in cache are
     faster, and the memory of the backward is that of one block (plus the carries kept by the
     forward). E.g. ``Blocked(SequentialScan(), 2048)`` is what ``Auto()`` runs on CPUs
-    for the RNN of H = 20 at B = 16.
+    for the RNN of H = 20 at B = 16; ``"blocked"`` names ``Blocked(SequentialScan(), 1024)``.
 
     Attributes:
         method: a Jacobian method (``Blelloch()``, ``Chunked(...)``, ``SequentialScan()``).
         block: steps per block (the first block is shorter when it does not divide ``T``).
     """
 
-    method: JacobianMethod
-    block: int
-    name: ClassVar[str | None] = None
+    method: Method = SEQUENTIAL_SCAN
+    block: int = BLOCK
+    name: ClassVar[str] = "blocked"
 
     def __post_init__(self):
-        if isinstance(self.method, Blocked) or not isinstance(self.method, JacobianMethod):
+        method = self.method
+        if (
+            isinstance(method, Blocked)
+            or not isinstance(method, Method)
+            or not method.uses_jacobians
+        ):
             raise TypeError(
                 "Blocked(method, block) needs a method that scans Jacobians, such as "
                 f"bppsa.Blelloch(), bppsa.Chunked() or bppsa.SequentialScan(); got "
@@ -42,7 +51,6 @@ class Blocked(JacobianMethod):
             raise ValueError(f"block must be a positive int, got {self.block!r}.")
 
     def scan(self, g_last, maps, offsets):
-        refuse_layers(self, maps)
         return self.method.scan(g_last, maps, offsets)
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
@@ -52,19 +60,15 @@ class Blocked(JacobianMethod):
         run = functools.partial(backward.blocked, span, self.block, consts)
         return run(carries_before, xs, g_last, ct_ys)
 
+    def memory(self, fp):
+        return self.method.memory(fp.part(min(self.block, fp.length)))
 
-@span_floats_of.register
-def _span_floats(method: Blocked, fp, steps):
-    return method.method.span_floats(fp, min(method.block, steps))
-
-
-@cost_of.register
-def _cost(method: Blocked, fp):
-    # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
-    block = max(min(method.block, fp.length), 1)
-    blocks, head = divmod(fp.length, block)
-    full = method.method.cost(dataclasses.replace(fp, length=block))
-    first = method.method.cost(dataclasses.replace(fp, length=head)) if head else cost.Cost(0, 0, 0)
-    if full is None or first is None:
-        return None
-    return cost.plus(full.times(blocks), first)
+    def cost(self, fp):
+        # The full blocks and the shorter first one (when ``block`` does not divide ``T``).
+        block = max(min(self.block, fp.length), 1)
+        blocks, head = divmod(fp.length, block)
+        full = self.method.cost(dataclasses.replace(fp, length=block))
+        first = (
+            self.method.cost(dataclasses.replace(fp, length=head)) if head else cost.Cost(0, 0, 0)
+        )
+        return cost.plus(full.times(blocks), first)

@@ -8,11 +8,11 @@ from typing import ClassVar
 from bppsa.scan._chunked import chunked, default_chunks
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import CHUNK_DENSE
-from bppsa.scan._core.methods.base import JacobianMethod, cost_of, refuse_layers, span_floats_of
+from bppsa.scan._core.methods.base import Method
 
 
 @dataclasses.dataclass(frozen=True)
-class Chunked(JacobianMethod):
+class Chunked(Method):
     """Sequential inside ``chunks`` chunks, parallel across them, Blelloch between them.
 
     ``2 T / chunks + O(log chunks)`` dependent steps, each a large product (see
@@ -32,22 +32,17 @@ class Chunked(JacobianMethod):
             raise ValueError(f"chunks must be a positive int or None, got {value!r}.")
 
     def scan(self, g_last, maps, offsets):
-        refuse_layers(self, maps)
         chunks = default_chunks(len(maps)) if self.chunks is None else self.chunks
         return chunked(g_last, maps, offsets, chunks)
 
+    def memory(self, fp):
+        steps = fp.length
+        chunks = min(self.chunks or default_chunks(steps), steps)
+        # A reordered copy of the span's Jacobians, and the chunk aggregates.
+        extra = steps * fp.element + CHUNK_DENSE * chunks * fp.aggregate if chunks > 1 else 0.0
+        return fp.span_bytes(extra)
 
-@span_floats_of.register
-def _span_floats(method: Chunked, fp, steps):
-    chunks = min(method.chunks or default_chunks(steps), steps)
-    floats = fp.span_floats(steps)
-    if chunks > 1:  # a reordered copy of the span's Jacobians, and the chunk aggregates
-        floats += steps * fp.element + CHUNK_DENSE * chunks * fp.aggregate
-    return floats
-
-
-@cost_of.register
-def _cost(method: Chunked, fp):
-    chunks = min(method.chunks or default_chunks(fp.length), max(fp.length, 1))
-    scan = cost.chunked_scan(fp, fp.length, chunks)
-    return cost.plus(cost.jacobians(fp, fp.length), scan)
+    def cost(self, fp):
+        chunks = min(self.chunks or default_chunks(fp.length), max(fp.length, 1))
+        scan = cost.chunked_scan(fp, fp.length, chunks)
+        return cost.plus(cost.jacobians(fp, fp.length), scan)

@@ -11,8 +11,8 @@ from bppsa.scan._profile import Profile, get_profile
 
 def fallbacks(profile: Profile | None = None) -> tuple[Method, ...]:
     """The lower-memory methods in order of preference, the larger (more parallel) ones first,
-    in blocks of ``profile.fallback_block`` steps (default: the default backend's profile)."""
-    block = (profile or get_profile()).fallback_block
+    in blocks of ``profile.rules.fallback_block`` steps (default: the default backend's profile)."""
+    block = (profile or get_profile()).rules.fallback_block
     return (
         Chunked(),
         Blocked(Chunked(), block),

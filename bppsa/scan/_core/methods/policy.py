@@ -1,21 +1,29 @@
-"""Policy: which concrete method runs a scan within a memory limit, and the guard's error.
+"""Policies: which method runs a scan or a chain of layers, within what memory, on what profile.
 
-What a method *is* lives in its own file (its linear scan); what runs for a given scan and
-memory limit is decided here. :func:`fit` is a ``functools.singledispatch`` function: a policy
-(``Auto``) registers its own rule beside its class, as a new structure query in lineax does.
+What a method *is* lives in its own file (its linear scan, memory and cost); which method runs
+a given scan is a :class:`Policy`'s choice. A policy has three questions to answer:
+:meth:`Policy.scan_method` (the method of a scan over time steps, within a memory limit),
+:meth:`Policy.chain_method` (the method of a chain of layers) and :meth:`Policy.profile_for` (the
+measured constants it chooses by, which the derivative rules pass down to the kernels).
+``bppsa.Auto()`` is the library's policy; a method passed as ``method=`` is the policy
+:class:`Fixed` that always answers with it, after the one check of what it supports
+(:func:`~bppsa.scan._core.methods.base.require`) and the memory guard (:func:`guard`).
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-import functools
+import math
 from collections.abc import Callable
+from typing import ClassVar
 
 from bppsa.scan._core import memory
 from bppsa.scan._core.memory import Footprint, MemoryLimitError, limit_message
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, require
 from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
+from bppsa.scan._profile import Profile, get_profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,54 +41,91 @@ class ChainWork:
     dense: int
 
 
-@functools.singledispatch
-def for_chain(method: Method, work: Callable[[], ChainWork]) -> Method:
-    """The method that back-propagates through a chain of layers (``Chain.apply``) for the
-    requested ``method``: that method itself (a policy such as ``Auto`` registers its own rule,
-    which may weigh the chain's ``work()``)."""
-    return method
+class Policy(abc.ABC):
+    """Chooses the backward method of each scan and chain of layers.
+
+    Policies are values (frozen dataclasses), like methods: they key ``jax.jit``'s cache.
+
+    Attributes:
+        name: the string :func:`bppsa.scan.resolve` maps to the default instance.
+    """
+
+    name: ClassVar[str | None] = None
+
+    @abc.abstractmethod
+    def scan_method(
+        self,
+        fp: Footprint,
+        limit: float | None = math.inf,
+        *,
+        backend: str | None = None,
+        jacobians: bool = False,
+    ) -> Method:
+        """The method that runs the backward of a scan of footprint ``fp`` within ``limit``
+        bytes (``None``: the default device's available memory; ``math.inf``: no limit) on
+        ``backend`` (default: JAX's default backend).
+
+        ``jacobians``: one that scans the Jacobians (never plain back-propagation), as a
+        parallel forward's linear solves and the finiteness check need.
+
+        Raises:
+            MemoryLimitError: nothing the policy would run fits.
+            TypeError: the scan needs what the method does not support (a complex carry).
+        """
+
+    @abc.abstractmethod
+    def chain_method(self, work: Callable[[], ChainWork]) -> Method:
+        """The method that back-propagates through a chain of layers (``Chain.apply``);
+        ``work()`` gives what it costs (computed only if asked for).
+
+        Raises:
+            TypeError: the method does not apply to a chain of layers.
+        """
+
+    def profile_for(self, backend: str | None = None) -> Profile:
+        """The measured constants this policy chooses by on ``backend``, passed down to the
+        kernels of the backward it chooses: the backend's (:func:`bppsa.get_profile`)."""
+        return get_profile(backend)
 
 
-@functools.singledispatch
-def checking(method: Method, problem) -> Method:
-    """The concrete method of a scan whose backward checks for non-finite values
-    (``check_finite``): ``method.concrete(problem)`` (a policy registers a rule that keeps to
-    the Jacobian backward, which holds the check)."""
-    return method.concrete(problem)
+@dataclasses.dataclass(frozen=True)
+class Fixed(Policy):
+    """The policy of a method given by the user: always that method, checked and guarded."""
+
+    method: Method
+
+    def scan_method(self, fp, limit=math.inf, *, backend=None, jacobians=False):
+        if fp.complex_leaves:
+            require(self.method, "complex_carry", leaves=fp.complex_leaves)
+        return guard(self.method, fp, limit)
+
+    def chain_method(self, work):
+        require(self.method, "layers")
+        return self.method
 
 
-@functools.singledispatch
-def fit(method: Method, fp, limit: float | None, backend: str | None = None) -> Method:
-    """The memory guard of every backward: the method that runs the backward of a scan of
-    footprint ``fp`` (over time steps, a :class:`~bppsa.scan._core.memory.Footprint`; over
-    layers, the chain's) within ``limit`` bytes (``None``: the default device's available
-    memory): ``method`` itself, if it fits.
+def as_policy(requested: Method | Policy) -> Policy:
+    """The policy of what the user asked for: a policy itself, a method :class:`Fixed`."""
+    return requested if isinstance(requested, Policy) else Fixed(requested)
+
+
+def guard(method: Method, fp: Footprint, limit: float | None, requested=None) -> Method:
+    """The memory guard of every backward over time steps: ``method`` itself if its
+    :meth:`~bppsa.scan._core.methods.base.Method.memory` for ``fp`` fits ``limit`` bytes
+    (``None``: the default device's available memory).
 
     Raises:
         MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
     """
-    need, limit_bytes = bytes_needed(fp, method), bytes_allowed(limit)
+    need, limit_bytes = method.memory(fp), bytes_allowed(limit)
     if need <= limit_bytes:
         return method
-    raise over_limit(fp, method, method, need, limit, limit_bytes)
+    raise memory_error(requested or method, method, need, limit, limit_bytes, fp)
 
 
 def bytes_allowed(limit: float | None) -> float:
     """The bytes a backward may use: ``limit``, or the default device's available memory."""
     return memory.available_bytes() if limit is None else limit
-
-
-@functools.singledispatch
-def bytes_needed(fp: Footprint, method: Method) -> int:
-    """Estimated peak bytes of ``method``'s forward and backward on a scan of footprint ``fp``
-    (a kind of footprint registers its own accounting, as the chain of layers does)."""
-    return method.memory(fp)
-
-
-@functools.singledispatch
-def over_limit(fp: Footprint, requested, chosen, need, limit, limit_bytes) -> MemoryLimitError:
-    """The guard's error for a scan of footprint ``fp`` (registered per kind of footprint)."""
-    return memory_error(requested, chosen, need, limit, limit_bytes, fp)
 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
@@ -94,7 +139,7 @@ def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimit
 
 def lower_memory(candidates, fp: Footprint, need: int, limit_bytes: float) -> list:
     """``[(method, bytes)]`` of the ``candidates`` that need less than ``need`` and fit."""
-    options = []
+    options: list[tuple[Method, int]] = []
     for candidate in candidates:
         bytes_ = candidate.memory(fp)
         if bytes_ < need and bytes_ <= limit_bytes and candidate not in (c for c, _ in options):

@@ -1,18 +1,28 @@
-"""Method names, resolved to method objects in one place."""
+"""Method names, resolved to method objects in one place: the names of the classes
+:mod:`bppsa.scan._core.methods` exports (:data:`METHODS`), no registry."""
 
 from __future__ import annotations
 
-from bppsa.scan._core.auto_forward import AutoForward
-from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
 from bppsa.scan._core.methods.base import Method
-from bppsa.scan._core.newton import Newton
-
-METHODS = Method.registry  # filled by the method classes as they are defined
+from bppsa.scan._core.methods.policy import Policy
 
 
-def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
-    """Turns a method object or a method name into a method (``None``: ``Auto()``).
+def names(*classes: type[Method] | type[Policy]) -> dict[str, type[Method] | type[Policy]]:
+    """``{cls.name: cls}`` of method and policy classes (each needs a distinct name)."""
+    table: dict[str, type[Method] | type[Policy]] = {}
+    for cls in classes:
+        if not isinstance(cls.name, str) or cls.name in table:
+            raise TypeError(f"{cls.__qualname__} needs a name of its own, got {cls.name!r}.")
+        table[cls.name] = cls
+    return table
+
+
+METHODS: dict[str, type[Method] | type[Policy]] = {}  # filled by bppsa.scan._core.methods
+
+
+def resolve(method: Method | Policy | str | None, *, argname: str = "method") -> Method | Policy:
+    """Turns a method or policy object, or a name, into one (``None``: ``Auto()``).
 
     Raises:
         ValueError: for an unknown name, listing the valid ones.
@@ -20,45 +30,18 @@ def resolve(method: Method | str | None, *, argname: str = "method") -> Method:
     """
     if method is None:
         return Auto()
-    if isinstance(method, Method):
+    if isinstance(method, Method | Policy):
         return method
     if isinstance(method, str):
         example = "a method object such as bppsa.Blelloch()"
-        return _by_name(METHODS, method, argname, "backward method", example)
+        return by_name(METHODS, method, argname, "backward method", example)
     raise TypeError(
         f"{argname} must be a method object (e.g. bppsa.Blelloch()) or one of "
         f"{', '.join(repr(name) for name in sorted(METHODS))}; got {type(method).__name__}."
     )
 
 
-FORWARDS: dict[str, type[Forward]] = {
-    cls.name: cls for cls in (SequentialForward, Newton, AutoForward)
-}
-
-
-def resolve_forward(forward: Forward | str | None) -> Forward:
-    """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"auto"``) into a forward
-    (``None``: the sequential ``lax.scan``).
-
-    Raises:
-        ValueError: for an unknown name, listing the valid ones.
-        TypeError: for anything that is neither a forward nor a string.
-    """
-    if forward is None:
-        return SequentialForward()
-    if isinstance(forward, Forward):
-        return forward
-    if isinstance(forward, str):
-        example = "an object such as bppsa.Newton(max_iterations=20)"
-        return _by_name(FORWARDS, forward, "forward", "forward pass", example)
-    valid = ", ".join(repr(name) for name in FORWARDS)
-    raise TypeError(
-        f"forward must be None, one of {valid} or an object such as bppsa.Newton(); got "
-        f"{type(forward).__name__}."
-    )
-
-
-def _by_name(registry: dict, name: str, argname: str, what: str, example: str):
+def by_name(registry: dict, name: str, argname: str, what: str, example: str):
     """The default instance of the class ``registry`` has under ``name`` (case-insensitive).
 
     Raises:

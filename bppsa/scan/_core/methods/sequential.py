@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BP_STATES
-from bppsa.scan._core.methods.base import Method, cost_of, memory_of
+from bppsa.scan._core.methods.base import Method, Supports
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -22,6 +23,7 @@ class Sequential(Method):
 
     name: ClassVar[str] = "sequential"
     uses_jacobians: ClassVar[bool] = False
+    supports: ClassVar[Supports] = Supports(layers=True, complex_carry=True)
 
     def __init__(self, **options):
         if "jacobians" in options:
@@ -32,16 +34,14 @@ class Sequential(Method):
         if options:
             raise TypeError(f"Sequential() takes no arguments, got {sorted(options)}.")
 
-    def for_complex_carry(self, leaves):
-        return self
+    def scan(self, g_last, maps, offsets):
+        # Never called by the library (JAX differentiates the lax.scan): back-propagation's
+        # order over the transposed Jacobians, for a caller that has the maps.
+        return _algorithms.sequential(g_last, maps, offsets)
 
+    def memory(self, fp):
+        # lax.scan's residuals, about a Jacobian's worth per step.
+        return fp.bytes(fp.length * (BP_STATES * fp.state + min(fp.element, 2 * fp.state)))
 
-@memory_of.register
-def _memory(method: Sequential, fp):
-    # lax.scan's residuals, about a Jacobian's worth per step.
-    return fp.bytes(fp.length * (BP_STATES * fp.state + min(fp.element, 2 * fp.state)))
-
-
-@cost_of.register
-def _cost(method: Sequential, fp):
-    return cost.back_propagation(fp)
+    def cost(self, fp):
+        return cost.back_propagation(fp)

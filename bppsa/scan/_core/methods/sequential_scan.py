@@ -7,11 +7,11 @@ from typing import ClassVar
 
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
-from bppsa.scan._core.methods.base import JacobianMethod, cost_of, span_floats_of
+from bppsa.scan._core.methods.base import Method, Supports
 
 
 @dataclasses.dataclass(frozen=True)
-class SequentialScan(JacobianMethod):
+class SequentialScan(Method):
     """A sequential scan over the transposed Jacobians: ``T`` dependent matrix-vector products.
 
     The same pipeline as the parallel methods (all steps' Jacobians and VJP evaluated at once,
@@ -22,16 +22,17 @@ class SequentialScan(JacobianMethod):
     """
 
     name: ClassVar[str] = "sequential-scan"
+    supports: ClassVar[Supports] = Supports(layers=True)
+
+    @property
+    def levels(self) -> int:
+        return 0
 
     def scan(self, g_last, maps, offsets):
         return _algorithms.sequential(g_last, maps, offsets)
 
+    def memory(self, fp):
+        return fp.span_bytes()
 
-@span_floats_of.register
-def _span_floats(method: SequentialScan, fp, steps):
-    return fp.span_floats(steps)
-
-
-@cost_of.register
-def _cost(method: SequentialScan, fp):
-    return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
+    def cost(self, fp):
+        return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))

@@ -38,10 +38,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from bppsa.scan._algorithms import aggregate, apply, combine
-from bppsa.scan._core import backward, debug
+from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
-from bppsa.scan._core.methods.base import JacobianMethod, refuse_layers, span_floats_of
+from bppsa.scan._core.methods.base import Method, Supports
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._elements import Dense
 
@@ -50,7 +50,7 @@ FORWARDS = ("replicated", "pipelined")
 
 
 @dataclasses.dataclass(frozen=True)
-class Sharded(JacobianMethod):
+class Sharded(Method):
     """Shards the time axis of the backward over the mesh axis ``axis_name``.
 
     Use it as ``bppsa.grad(loss, method=bppsa.Sharded(mesh, "t"))`` or
@@ -58,10 +58,13 @@ class Sharded(JacobianMethod):
 
     Attributes:
         mesh: a ``jax.sharding.Mesh`` (other axes, e.g. ``"data"``, stay with XLA: the scan's
-            ``shard_map`` is manual over ``axis_name`` only).
+            ``shard_map`` is manual over ``axis_name`` only); ``None``: one axis ``axis_name``
+            over all devices of the default backend (what ``"sharded"`` names).
         axis_name: the mesh axis the steps are split over.
         local: the Jacobian method each device runs on its slice (``None``: what ``Auto()``
-            would pick for a slice, on the mesh's platform).
+            would pick for a slice, on the mesh's platform). The tangent recurrence of forward
+            mode is not sharded: it runs on one device by this method's scan
+            (``SequentialScan()``'s for ``None``; :meth:`scan`).
         exchange: ``"all_gather"`` (default) or ``"ppermute"``.
         forward: ``"replicated"`` (default): the sequential forward as on one device, XLA
             keeping each device's slice of the stacked carries; ``"pipelined"``: device after
@@ -75,15 +78,21 @@ class Sharded(JacobianMethod):
         >>> g = bppsa.grad(loss, method=bppsa.Sharded(mesh, "t"))(0.5)
     """
 
-    mesh: Mesh
-    axis_name: str
-    local: JacobianMethod | None = None
+    mesh: Mesh = None  # type: ignore[assignment]  # None: filled in by __post_init__
+    axis_name: str = "t"
+    local: Method | None = None
     exchange: str = "all_gather"
     forward: str = "replicated"
-    name: ClassVar[str | None] = None
-    batches: ClassVar[bool] = False  # each example's slices are sharded on their own
+    name: ClassVar[str] = "sharded"
+    # Each example's slices are sharded on their own; the tangents run on one device.
+    supports: ClassVar[Supports] = Supports(whole_batch=False)
 
     def __post_init__(self):
+        if self.mesh is None:
+            if not isinstance(self.axis_name, str):
+                raise TypeError(f"Sharded: axis_name must be a string, got {self.axis_name!r}.")
+            devices = jax.devices()
+            object.__setattr__(self, "mesh", Mesh(devices, (self.axis_name,)))
         if not isinstance(self.mesh, Mesh):
             raise TypeError(
                 f"Sharded: mesh must be a jax.sharding.Mesh, got {type(self.mesh).__name__}."
@@ -94,7 +103,9 @@ class Sharded(JacobianMethod):
                 f"are {tuple(self.mesh.axis_names)}."
             )
         if self.local is not None and (
-            isinstance(self.local, Sharded) or not isinstance(self.local, JacobianMethod)
+            isinstance(self.local, Sharded)
+            or not isinstance(self.local, Method)
+            or not self.local.uses_jacobians
         ):
             raise TypeError(
                 "Sharded: local must be a method that scans Jacobians on one device (e.g. "
@@ -113,13 +124,13 @@ class Sharded(JacobianMethod):
         """``P``, the devices along ``axis_name``."""
         return self.mesh.shape[self.axis_name]
 
-    def local_method(self, fp) -> JacobianMethod:
+    def local_method(self, fp) -> Method:
         """The method each device runs on its slice of a scan of footprint ``fp``."""
         if self.local is not None:
             return self.local
         platform = self.mesh.devices.flat[0].platform
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
-        return Auto().for_footprint(slice_fp, platform, parallel=True)
+        return Auto().scan_method(slice_fp, backend=platform, jacobians=True)
 
     def forward_for(self, forward: Forward) -> Forward:
         """The forward this method runs in place of ``forward`` (the sequential one):
@@ -139,9 +150,26 @@ class Sharded(JacobianMethod):
         return PipelinedForward(self.mesh, self.axis_name)
 
     def scan(self, g_last, maps, offsets):
-        refuse_layers(self, maps)
         # A stack already on one device: the local method's scan.
         return (self.local or SequentialScan()).scan(g_last, maps, offsets)
+
+    def memory(self, fp):
+        """Per device: its slice's backward (the whole scan's carries kept) and the ``P``
+        gathered aggregates."""
+        per_device = math.ceil(fp.length / self.devices)
+        local = self.local_method(fp).memory(fp.part(per_device))
+        return local + fp.bytes((self.devices + 1) * (fp.dense + fp.size))
+
+    def cost(self, fp):
+        """Per device: its slice's backward by the local method, the slice's aggregate (one
+        dependent step per step of the slice) and the exchange of the aggregates."""
+        per_device = math.ceil(fp.length / self.devices)
+        local = self.local_method(fp).cost(fp.part(per_device))
+        if self.devices == 1:
+            return local
+        rounds = math.ceil(math.log2(self.devices))
+        exchange = cost.exchange(fp, self.devices, rounds if self.exchange == "ppermute" else 0)
+        return cost.plus(local, cost.aggregate(fp, per_device), exchange)
 
     def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
         num_steps = jax.tree.leaves(carries_before)[0].shape[0]
@@ -239,11 +267,11 @@ class PipelinedForward(Forward):
     mesh: Mesh
     axis_name: str
 
-    def __call__(self, problem, consts, init, xs, *, keep, method=None):
+    def __call__(self, problem, consts, init, xs, *, keep):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
         step, length = problem.body.step, problem.length
         if length == 0:
-            return SequentialForward()(problem, consts, init, xs, keep=keep, method=method)
+            return SequentialForward()(problem, consts, init, xs, keep=keep)
         per_device, pad, valid = _slices(length, devices)
         xs_p = jax.tree.map(_front_edge(pad), xs)
 
@@ -316,11 +344,3 @@ def _front_zeros(pad):
         return jnp.concatenate([jnp.zeros((pad, *a.shape[1:]), a.dtype), a]) if pad else a
 
     return fn
-
-
-@span_floats_of.register
-def _span_floats(method: Sharded, fp, steps):
-    """Per device: its slice's backward and the ``P`` gathered aggregates."""
-    per_device = math.ceil(steps / method.devices)
-    local = method.local_method(fp).span_floats(fp, per_device)
-    return local + (method.devices + 1) * (fp.dense + fp.size)

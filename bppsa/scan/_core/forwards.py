@@ -1,0 +1,34 @@
+"""Forward-pass names, resolved to forward objects in one place."""
+
+from __future__ import annotations
+
+from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.methods.resolve import by_name
+from bppsa.scan._core.newton import Newton
+
+FORWARDS: dict[str, type[Forward]] = {
+    cls.name: cls for cls in (SequentialForward, Newton, AutoForward)
+}
+
+
+def resolve_forward(forward: Forward | str | None) -> Forward:
+    """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"auto"``) into a forward
+    (``None``: the sequential ``lax.scan``).
+
+    Raises:
+        ValueError: for an unknown name, listing the valid ones.
+        TypeError: for anything that is neither a forward nor a string.
+    """
+    if forward is None:
+        return SequentialForward()
+    if isinstance(forward, Forward):
+        return forward
+    if isinstance(forward, str):
+        example = "an object such as bppsa.Newton(max_iterations=20)"
+        return by_name(FORWARDS, forward, "forward", "forward pass", example)
+    valid = ", ".join(repr(name) for name in FORWARDS)
+    raise TypeError(
+        f"forward must be None, one of {valid} or an object such as bppsa.Newton(); got "
+        f"{type(forward).__name__}."
+    )
