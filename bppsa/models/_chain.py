@@ -29,11 +29,25 @@ __all__ = ["Chain", "call_layer"]
 
 
 def call_layer(layer, params: Params, x: Array, mask: Mask = None) -> Array:
-    """One layer's forward on a batch: a :class:`Layer` applies its own mask, a plain callable
-    gets ``apply_mask(params, mask)``."""
-    return (
-        layer(params, x, mask) if isinstance(layer, Layer) else layer(apply_mask(params, mask), x)
-    )
+    """One layer's forward on a batch."""
+    return layer(*_arguments(layer, params, x, mask))
+
+
+def layer_jacobian_t(layer, params: Params, x: Array, mask: Mask = None):
+    """A layer's transposed Jacobian at its batched input ``x``, by the one protocol of cells
+    and layers: the layer's ``transposed_jacobian`` builder (a :class:`Layer`'s method; a
+    callable's attached with :func:`bppsa.jacobians.transposed_jacobian`) called with the
+    call's own arguments; ``AUTODIFF`` for a layer without one."""
+    builder = getattr(layer, "transposed_jacobian", None)
+    if builder is None:
+        return layer_scan.AUTODIFF
+    return builder(*_arguments(layer, params, x, mask))
+
+
+def _arguments(layer, params: Params, x: Array, mask: Mask) -> tuple:
+    """The arguments of a layer's call, and so of its builder: a :class:`Layer` applies its own
+    mask, a plain callable gets ``apply_mask(params, mask)``."""
+    return (params, x, mask) if isinstance(layer, Layer) else (apply_mask(params, mask), x)
 
 
 def _name(layer) -> str:
@@ -64,7 +78,8 @@ class Chain:
 
     Layers are the types of this module, or a plain callable ``layer(params, x) -> y`` on a
     batch (a user's own layer: :meth:`init` gives ``{}`` for it, its output shape comes from
-    ``jax.eval_shape``; it has no ``jacobian_t``).
+    ``jax.eval_shape``; its transposed Jacobian is built by autodiff unless it declares one
+    with :func:`bppsa.jacobians.transposed_jacobian`, the protocol of the layer types too).
 
     Example:
         >>> from bppsa.models import Conv2d, Flatten, Linear, ReLU
@@ -102,19 +117,7 @@ class Chain:
     # -- what the scan over the layers asks of the chain (bppsa.scan._core.layer_scan) ----------
 
     call_layer = staticmethod(call_layer)
-
-    @staticmethod
-    def layer_jacobian_t(layer, params: Params, x: Array, mask: Mask = None):
-        """A layer's transposed Jacobian at its batched input ``x``: a :class:`Layer`'s own
-        ``jacobian_t``; a callable's builder attached with
-        :func:`bppsa.jacobians.transposed_jacobian` (called as ``builder(params, x)`` with the
-        mask applied), as a cell declares its own; else ``AUTODIFF``."""
-        if isinstance(layer, Layer):
-            return layer.jacobian_t(params, x, mask)
-        builder = getattr(layer, "transposed_jacobian", None)
-        if builder is None:
-            return layer_scan.AUTODIFF
-        return builder(apply_mask(params, mask), x)
+    layer_jacobian_t = staticmethod(layer_jacobian_t)
 
     @staticmethod
     def dense_work(layer, output_shape: Shape) -> int | None:

@@ -4,10 +4,12 @@ Layers follow PyTorch's names, layouts (NCHW activations; ``weight: (out, in, kh
 :class:`Conv2d`, ``(out, in)`` for :class:`Linear`) and default initialization, so parameters can
 be compared with ``torch.nn``. Each layer is a small frozen dataclass (hashable, so a valid
 static argument of ``jax.jit``) with ``init``, a batched forward ``__call__(params, x, mask)``,
-``output_shape`` on per-example shapes, and ``jacobian_t`` (its transposed Jacobian, from
-:mod:`bppsa.jacobians`). A mask is a dict of boolean arrays aligned with the layer's params, e.g.
-``{"weight": (out, in) bool, "bias": (out,) bool}`` (:func:`bppsa.models.magnitude_prune`); the
-layer then uses ``param * mask`` for each masked entry.
+``output_shape`` on per-example shapes, and ``transposed_jacobian(params, x, mask)`` (its
+transposed Jacobian, from :mod:`bppsa.jacobians`: the one protocol by which cells and layers
+declare it, a builder that takes the call's own arguments). A mask is a dict of boolean arrays
+aligned with the layer's params, e.g. ``{"weight": (out, in) bool, "bias": (out,) bool}``
+(:func:`bppsa.models.magnitude_prune`); the layer then uses ``param * mask`` for each masked
+entry.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bppsa.jacobians._layers import (
     pair,
     relu_jacobian_t,
 )
+from bppsa.scan._core.layer_scan import AUTODIFF
 
 Params = dict[str, Array]
 Mask = dict[str, Any] | None
@@ -75,12 +78,12 @@ def _window_output(input_hw, kernel, stride, padding=(0, 0)) -> tuple[int, int]:
 class Layer:
     """A feed-forward layer type: parameters, batched forward, shapes and transposed Jacobian.
 
-    ``mask`` (of ``__call__`` and ``jacobian_t``) is None, ``{}`` or a dict of boolean arrays
-    shaped like some of the params; each masked param is used as ``param * mask``.
+    ``mask`` (of ``__call__`` and ``transposed_jacobian``) is None, ``{}`` or a dict of boolean
+    arrays shaped like some of the params; each masked param is used as ``param * mask``.
 
     Subclasses implement ``param_shapes``, ``_output_shape`` (raising a bare ``ValueError``
     that says what is wrong; :meth:`output_shape` adds the layer's name), ``__call__`` and
-    ``jacobian_t``.
+    ``transposed_jacobian``.
     """
 
     def param_shapes(self) -> dict[str, Shape]:
@@ -114,9 +117,11 @@ class Layer:
         """The forward on a batch ``x: (B, *input_shape)``."""
         raise NotImplementedError
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
-        """The transposed Jacobian of the layer at its batched INPUT ``x`` (None: identity)."""
-        raise NotImplementedError
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
+        """The transposed Jacobian of the layer at its batched INPUT ``x``, with the call's own
+        arguments (``None``: an identity); a layer type without one (this default) has it
+        built by autodiff in the chain's backward."""
+        return AUTODIFF
 
     def dense_work(self, output_shape: Shape) -> int | None:
         """Multiply-adds per example of the input gradient in dense back-propagation, for a
@@ -180,7 +185,7 @@ class Conv2d(Layer):
         )
         return y + params["bias"][:, None, None]
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return conv2d_jacobian_t(
             params["weight"],
             tuple(x.shape[-2:]),
@@ -228,7 +233,7 @@ class Linear(Layer):
         params = apply_mask(params, mask)
         return x @ params["weight"].T + params["bias"]
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return linear_jacobian_t(params["weight"], mask=(mask or {}).get("weight"))
 
     def dense_work(self, output_shape: Shape) -> int:
@@ -245,7 +250,7 @@ class ReLU(Layer):
     def __call__(self, params: Params, x: Array, mask: Mask = None) -> Array:
         return jax.nn.relu(x)
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return relu_jacobian_t(x)
 
 
@@ -277,7 +282,7 @@ class MaxPool2d(Layer):
             x, -jnp.inf, jax.lax.max, (1, 1, *self.kernel_size), (1, 1, *self.stride), "VALID"
         )
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return maxpool2d_jacobian_t(x, self.kernel_size, self.stride)
 
 
@@ -294,5 +299,5 @@ class Flatten(Layer):
         self._check_batch(x)
         return x.reshape(x.shape[0], math.prod(x.shape[1:]))
 
-    def jacobian_t(self, params: Params, x: Array, mask: Mask = None):
+    def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return None

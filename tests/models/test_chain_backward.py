@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,7 @@ from bppsa.models import (
     Chain,
     Conv2d,
     Flatten,
+    Layer,
     Linear,
     MaxPool2d,
     ReLU,
@@ -169,6 +171,53 @@ def test_a_users_layer_declares_its_jacobian_as_a_cell_does(x64):
         assert_trees_close(actual, expected, jnp.float64)
         assert built == [(3, 12)]
     assert isinstance(chain.transposed_jacobians(params, x)[1], bppsa.scan.Structured)
+
+
+class Scale(Layer):
+    """A user's layer type ``y = s * x`` (elementwise), its transposed Jacobian declared by the
+    protocol of cells and callables: ``transposed_jacobian`` with the call's arguments."""
+
+    built: typing.ClassVar[list] = []
+
+    def param_shapes(self):
+        return {"scale": (12,)}
+
+    def _output_shape(self, input_shape):
+        return input_shape
+
+    def __call__(self, params, x, mask=None):
+        return x * params["scale"]
+
+    def transposed_jacobian(self, params, x, mask=None):
+        self.built.append(x.shape)
+        d = jnp.broadcast_to(params["scale"], x.shape)[None]
+        return bppsa.scan.Structured(u=jnp.eye(x.shape[-1], dtype=x.dtype), d=d)
+
+
+class PlainScale(Scale):
+    """The same layer type without a builder of its own: the base class's, autodiff."""
+
+    transposed_jacobian = Layer.transposed_jacobian
+
+
+@pytest.mark.parametrize(
+    "layer,analytic", [(Scale(), True), (PlainScale(), False)], ids=["Scale", "PlainScale"]
+)
+def test_a_users_layer_type_declares_its_jacobian_by_the_same_protocol(x64, layer, analytic):
+    chain = Chain([Flatten(), layer, Linear(12, 2)])
+    params = chain.init(jax.random.key(0), dtype=jnp.float64)
+    params[1] = {"scale": jnp.linspace(0.5, 1.5, 12, dtype=jnp.float64)}
+    x = jax.random.normal(jax.random.key(1), (3, 1, 4, 3), jnp.float64)
+    loss = lambda p, x, apply: jnp.sum(jnp.tanh(apply(p, x)))
+    expected = jax.grad(loss, argnums=(0, 1))(params, x, chain.forward)
+    Scale.built.clear()
+    actual = jax.jit(bppsa.grad(loss, argnums=(0, 1), method="blelloch"), static_argnums=2)(
+        params, x, chain.apply
+    )
+    assert_trees_close(actual, expected, jnp.float64)
+    assert Scale.built == ([(3, 12)] if analytic else [])
+    built = chain.transposed_jacobians(params, x)[1]
+    assert isinstance(built, bppsa.scan.Structured if analytic else bppsa.scan.Dense)
 
 
 def test_the_ambient_method_reaches_the_chain_and_sequential_is_autodiff():

@@ -143,9 +143,11 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
 
         A layer of a :class:`bppsa.models.Chain` written as a function ``layer(params, x)`` of
         a batch declares its transposed Jacobian the same way: ``builder(params, x)`` returns
-        the ``J^T`` of the batch at its input ``x``, as :meth:`bppsa.models.Layer.jacobian_t`
-        does (e.g. a :class:`bppsa.scan.Dense` of shape ``(1, B, n_in, n_out)``); without one,
-        the chain's backward builds it by autodiff.
+        the ``J^T`` of the batch at its input ``x`` (e.g. a :class:`bppsa.scan.Dense` of shape
+        ``(1, B, n_in, n_out)``); without one, the chain's backward builds it by autodiff. It is
+        one protocol for cells and layers: a ``transposed_jacobian`` builder that takes the
+        call's own arguments, which is also what the layer types of :mod:`bppsa.models` define
+        (:meth:`bppsa.models.Layer.transposed_jacobian`, ``(params, x, mask)``).
     """
 
     def decorate(cell):
