@@ -44,7 +44,7 @@ import numpy as np
 from bppsa.scan import _chain, _kernels, _precision
 from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
-from bppsa.scan._core.linear import linear_map
+from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.memory import MemoryLimitError, human
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
@@ -136,7 +136,7 @@ def _differentiable(
     chain, static_masks, method: Method, requested: Method | Policy, limit, plan, precision
 ):
     """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
-    ``jax.custom_jvp`` whose tangents go through :func:`bppsa.scan._core.linear.linear_map`.
+    ``jax.custom_jvp`` with :func:`bppsa.scan._core.linear.jvp_rule`'s rule.
     Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
     mode), it is ``method``'s scan over the layers' transposed Jacobians (:func:`_backward`)."""
 
@@ -156,9 +156,8 @@ def _differentiable(
         dparams, dx = (zeros_for_none(t, a) for t, a in zip(lin, (params, inputs[0])))
         return jax.jvp(lambda p, x: forward(p, x, traced), (params, inputs[0]), (dparams, dx))[1]
 
-    def transpose(res, ct):
+    def transpose(res, ct_y):
         params, inputs, traced = res
-        (ct_y,) = ct
         y = jax.eval_shape(forward, params, inputs[0], traced)
         g = jnp.zeros(y.shape, y.dtype) if ct_y is None else ct_y
         kernels = as_policy(requested).profile_for().kernels
@@ -168,17 +167,11 @@ def _differentiable(
             )
         return floats_only((ct_params, ct_x))
 
-    def rule(primals, tangents_in):
-        params, x, traced = primals
+    def evaluate(params, x, traced):
         inputs, y = _forward(chain, params, x, masks_of(traced))
-        dparams, dx, _ = tangents_in
-        lin = floats_only((dparams, dx))
-        res = (params, inputs, traced)
-        shape = [jax.ShapeDtypeStruct(y.shape, y.dtype)]
-        (dy,) = linear_map(lambda r, t: [tangents(r, t)], transpose, res, lin, shape)
-        return y, dy
+        return y, (params, inputs, traced)
 
-    run.defjvp(rule)
+    run.defjvp(jvp_rule(evaluate, tangents, transpose, linear=lambda t: t[:2]))
     return run
 
 

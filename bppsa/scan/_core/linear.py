@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from bppsa.scan._core import tracing
+from bppsa.scan._core.carry import floats_only, zeros_for_none
 
 try:
     from jax.extend.core import Primitive
@@ -101,6 +102,35 @@ def linear_map(
     rule = _Rule(flat_fn, flat_transpose, len(res_leaves), out_leaves, flat_batched)
     out = _PRIMITIVE.bind(*res_leaves, *lin_leaves, rule=rule)
     return out_tree.unflatten(out)
+
+
+def jvp_rule(
+    evaluate: Callable,
+    tangents: Callable,
+    transpose: Callable,
+    *,
+    linear: Callable = lambda tangents_in: tangents_in,
+    batched_transpose: Callable | None = None,
+) -> Callable:
+    """The ``jax.custom_jvp`` rule of every differentiable function of the library (a scan over
+    time steps, a chain of layers): ``(primals, tangents_in) -> (out, tangents_out)``.
+
+    ``evaluate(*primals) -> (out, res)`` gives the outputs and what the derivatives need; the
+    output tangents are :func:`linear_map` of ``tangents(res, lin)``, whose transpose is
+    ``transpose`` (and ``batched_transpose``), with ``lin`` the float leaves of
+    ``linear(tangents_in)``; an output without a float tangent gets a zero.
+    """
+
+    def rule(primals, tangents_in):
+        out, res = evaluate(*primals)
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
+        lin = floats_only(linear(tangents_in))
+        dots = linear_map(
+            tangents, transpose, res, lin, floats_only(shapes), batched_transpose=batched_transpose
+        )
+        return out, zeros_for_none(dots, out)
+
+    return rule
 
 
 class _Rule:

@@ -31,7 +31,7 @@ from bppsa.scan import _kernels
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
 from bppsa.scan._core.forward import Forward
-from bppsa.scan._core.linear import linear_map
+from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.methods.base import Method, require
 from bppsa.scan._core.methods.policy import Policy, as_policy
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -116,20 +116,13 @@ def jacobian_scan(
         with setup.library():
             return forward(problem, consts, init, xs, keep=False)
 
-    def rule(primals, tangents):
-        out = run_keep(*primals)
-        res = (primals[0], out[2], primals[2])  # consts, carries before, xs
-        lin = floats_only(tangents)
-        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), out)
-        dots = linear_map(
-            setup.tangents,
-            setup.cotangents,
-            res,
-            lin,
-            floats_only(shapes),
-            batched_transpose=setup.batched_cotangents,
-        )
-        return out, zeros_for_none(dots, out)
+    def evaluate(consts, init, xs):
+        out = run_keep(consts, init, xs)
+        return out, (consts, out[2], xs)  # consts, carries before, xs
+
+    rule = jvp_rule(
+        evaluate, setup.tangents, setup.cotangents, batched_transpose=setup.batched_cotangents
+    )
 
     def run_rule(primals, tangents):
         out, dots = rule(primals, tangents)

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
@@ -91,7 +92,7 @@ class Sharded(Method):
         if self.mesh is None:
             if not isinstance(self.axis_name, str):
                 raise TypeError(f"Sharded: axis_name must be a string, got {self.axis_name!r}.")
-            devices = jax.devices()
+            devices = np.asarray(jax.devices())
             object.__setattr__(self, "mesh", Mesh(devices, (self.axis_name,)))
         if not isinstance(self.mesh, Mesh):
             raise TypeError(
