@@ -30,7 +30,7 @@ import dataclasses
 import math
 
 from bppsa.scan._core.memory import Footprint
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._profile import Profile
 
 KERNELS_PER_LEVEL = 3  # a Blelloch level: the products, the offsets, the interleave
 
@@ -128,12 +128,6 @@ def footprint_of(
     if width is None or width >= size:
         return Footprint(length, size, element, dense, 4, batch, size)
     return Footprint(length, size, element, element, 4, batch, size, width=width)
-
-
-def profile_of(backend: str | None = None) -> Profile:
-    """The profile of ``backend`` (default: JAX's default backend; see
-    :func:`bppsa.get_profile`)."""
-    return get_profile(backend)
 
 
 def sequential_forward(fp: Footprint) -> Cost:

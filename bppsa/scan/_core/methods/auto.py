@@ -191,10 +191,10 @@ class Auto(policy.Policy):
         if limit is None or limit < math.inf:
             need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
             if need > limit_bytes:
-                candidates = fallbacks(self.profile_for(backend))
-                options = policy.lower_memory(candidates, fp, need, limit_bytes)
+                profile = self.profile_for(backend)
+                options = policy.lower_memory(fallbacks(profile), fp, need, limit_bytes)
                 if not options:
-                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp)
+                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp, profile)
                 return options[0][0]
         return chosen
 

@@ -97,7 +97,7 @@ class Fixed(Policy):
     def scan_method(self, fp, limit=math.inf, *, backend=None, jacobians=False):
         if fp.complex_leaves:
             require(self.method, "complex_carry", leaves=fp.complex_leaves)
-        return guard(self.method, fp, limit)
+        return guard(self.method, fp, limit, profile=self.profile_for(backend))
 
     def chain_method(self, work):
         require(self.method, "layers")
@@ -109,18 +109,21 @@ def as_policy(requested: Method | Policy) -> Policy:
     return requested if isinstance(requested, Policy) else Fixed(requested)
 
 
-def guard(method: Method, fp: Footprint, limit: float | None, requested=None) -> Method:
+def guard(
+    method: Method, fp: Footprint, limit: float | None, requested=None, profile=None
+) -> Method:
     """The memory guard of every backward over time steps: ``method`` itself if its
     :meth:`~bppsa.scan._core.methods.base.Method.memory` for ``fp`` fits ``limit`` bytes
     (``None``: the default device's available memory).
 
     Raises:
-        MemoryLimitError: it does not fit; the error lists lower-memory methods that do.
+        MemoryLimitError: it does not fit; the error lists the lower-memory methods that do
+            (in blocks of ``profile``'s fallback block; ``None``: the default backend's).
     """
     need, limit_bytes = method.memory(fp), bytes_allowed(limit)
     if need <= limit_bytes:
         return method
-    raise memory_error(requested or method, method, need, limit, limit_bytes, fp)
+    raise memory_error(requested or method, method, need, limit, limit_bytes, fp, profile)
 
 
 def bytes_allowed(limit: float | None) -> float:
@@ -128,9 +131,9 @@ def bytes_allowed(limit: float | None) -> float:
     return memory.available_bytes() if limit is None else limit
 
 
-def memory_error(requested, chosen, need, limit, limit_bytes, fp) -> MemoryLimitError:
+def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile=None) -> MemoryLimitError:
     """The error for a backward that does not fit, listing the lower-memory methods that do."""
-    options = lower_memory(fallbacks(), fp, need, limit_bytes)
+    options = lower_memory(fallbacks(profile), fp, need, limit_bytes)
     message = limit_message(
         requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp)
     )
