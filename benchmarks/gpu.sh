@@ -16,7 +16,8 @@
 #   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
 #      T = 2048, B = 8: BP, Auto, Auto with the Newton forward, on the synthetic corpus):
 #      char_lm_gpu/
-#   6. the Newton forward (benchmarks/newton.py): newton_gpu.jsonl
+#   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py):
+#      newton_gpu.jsonl
 #   7. why a standalone lax.scan forward runs slower than the one inside a gradient
 #      (benchmarks/forward_programs.py, at XLA's defaults and with every loop body a CUDA graph):
 #      forward_programs_gpu.json, forward_programs_graphs_gpu.json
@@ -157,11 +158,15 @@ step char_lm 70 40 python3 -m experiments.char_lm "${lm_args[@]}" --data "$fixtu
     --methods bp bppsa bppsa-newton --out "$results" --name char_lm_gpu --overwrite --no-progress
 
 # 6. The Newton forward (H = 20, float32): iterations and fallbacks at T = 1k and 10k, the
-# forward against lax.scan and whole gradients (BP; Blelloch after either forward).
+# forward against lax.scan and whole gradients (BP; Blelloch after the sequential and after the
+# Newton forward; bppsa's defaults, whose forward policy's choice, reason and Newton iterations
+# each row records) for the RNN and the GRU at T = 1k, 10k, 30k, B = 16 and 1.
 newton_args=(--require-backend gpu --cases rnn-init rnn-trained gru-irmas --dtypes float32
-    --lengths 1000 10000 --timing --timing-lengths 1000 10000 30000 --rounds 5)
-((dry)) && newton_args=(--cases rnn-init --dry-run --timing)
-step newton 45 30 python3 -m benchmarks.newton "${newton_args[@]}" \
+    --lengths 1000 10000 --timing --timing-lengths 1000 10000 30000
+    --timing-cases rnn-init gru-irmas --timing-batches 16 1 --rounds 5)
+((dry)) && newton_args=(--cases rnn-init --dry-run --timing --timing-cases rnn-init gru-irmas
+    --timing-batches 2 1)
+step newton 60 30 python3 -m benchmarks.newton "${newton_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
 # 7. The forward as each program compiles it, at XLA's defaults and with every while body a

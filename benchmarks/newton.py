@@ -16,7 +16,9 @@ T from 100 to 100k, in float32 and float64, every example of a batch separately:
   sequential steps;
 * with ``--timing``: the forward's wall-clock on this machine against ``lax.scan`` (each
   standalone forward its own program), and for the gradients (BP; the Blelloch backward after
-  the sequential and after the Newton forward) their three quantities, each its own program
+  the sequential and after the Newton forward; ``bppsa.scan`` with its defaults, ``auto``: Auto()
+  and the forward's policy, whose choice and reason the row records, with the Newton run's
+  iterations) their three quantities, each its own program
   (:class:`timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the
   forward of ``jax.vjp``, as it runs inside the gradient) and ``backward`` (its pullback on saved
   residuals), float32, every program timed round by round right after an untimed call of itself
@@ -170,43 +172,68 @@ def _per_example(infos: list[dict], batch: int) -> list[dict]:
     return [{k: np.ravel(v)[b].item() for k, v in info.items()} for b in range(batch)]
 
 
+def gradient_loss(cell, scan, params, xs):
+    """A loss on the batch's final states, its scan ``scan``."""
+    body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
+    h0 = jnp.zeros(20, jnp.float32)
+    return jnp.sum(jax.vmap(lambda xs: scan(body, h0, xs)[0])(xs) ** 2)
+
+
 def gradient_programs(cell, params, xs) -> dict[str, GradientPrograms]:
-    """The gradients of a loss on the batch's final states, each as its three programs: BP
-    (``jax.grad`` through ``lax.scan``), and ``bppsa.scan``'s Blelloch backward after the
-    sequential forward and after the Newton forward (bound in the loss)."""
-
-    def loss(scan, params, xs):
-        body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
-        h0 = jnp.zeros(20, jnp.float32)
-        return jnp.sum(jax.vmap(lambda xs: scan(body, h0, xs)[0])(xs) ** 2)
-
+    """The gradients of :func:`gradient_loss`, each as its three programs: BP (``jax.grad``
+    through ``lax.scan``), ``bppsa.scan``'s Blelloch backward after the sequential forward and
+    after the Newton forward (bound in the loss), and ``bppsa.scan`` with its defaults."""
     blelloch = functools.partial(bppsa.scan, method=bppsa.Blelloch())
     scans = {
         "bp": jax.lax.scan,
-        "blelloch": blelloch,
+        "blelloch": functools.partial(blelloch, forward="sequential"),
         "newton_blelloch": functools.partial(blelloch, forward=bppsa.Newton()),
+        "auto": bppsa.scan,
     }
     return {
-        name: GradientPrograms.from_loss(functools.partial(loss, scan), params, xs)
+        name: GradientPrograms.from_loss(functools.partial(gradient_loss, cell, scan), params, xs)
         for name, scan in scans.items()
     }
 
 
-def timing_row(length: int, rounds: int) -> dict:
+def default_choice(cell, params, xs) -> dict:
+    """What ``bppsa.scan``'s defaults choose for the gradient (traced once, nothing run), and
+    the iterations of the Newton forward on these inputs (the batch's largest)."""
+    with bppsa.trace_plans() as plans:
+        jax.eval_shape(jax.grad(functools.partial(gradient_loss, cell, bppsa.scan)), params, xs)
+    (plan,) = plans
+    infos: list[dict] = []
+
+    def record(info):
+        infos.append({k: np.asarray(v).tolist() for k, v in info._asdict().items()})
+
+    newton = functools.partial(bppsa.scan, forward=bppsa.Newton(callback=record))
+    jax.block_until_ready(jax.jit(functools.partial(gradient_loss, cell, newton))(params, xs))
+    per_example = _per_example(infos, xs.shape[0])
+    return {
+        "auto_method": repr(plan.method),
+        "auto_forward": repr(plan.forward),
+        "auto_forward_because": plan.forward_because,
+        "newton_iterations_max": max(i["iterations"] for i in per_example),
+        "newton_fallback_rate": sum(not i["converged"] for i in per_example) / len(per_example),
+    }
+
+
+def timing_row(length: int, rounds: int, name: str = "rnn-init", batch: int | None = None) -> dict:
     """Wall-clock of the forward (Newton, full and quasi, against lax.scan) and the three
     quantities of a whole gradient (BP; Blelloch backward after the sequential and after the
-    Newton forward), each its own program, interleaved."""
-    cell, params, size = case("rnn-init", None)
-    batch = batch_for(length)
-    xs = inputs("rnn-init", length, batch, size, jnp.float32)
+    Newton forward; the defaults), each its own program, interleaved; case ``name``."""
+    cell, params, size = case(name, None)
+    batch = batch or batch_for(length)
+    xs = inputs(name, length, batch, size, jnp.float32)
     full, reference = scans(cell, params, jnp.float32, bppsa.Newton())
     quasi, _ = scans(cell, params, jnp.float32, bppsa.Newton(quasi=True))
     forwards = {"lax_scan": reference, "newton": full, "newton_quasi": quasi}
     programs = gradient_programs(cell, params, xs)
     others = {name: functools.partial(fn, xs) for name, fn in forwards.items()}
     times = time_gradients(programs, rounds, others=others)
-    row = {"case": "timing", "T": length, "B": batch, "dtype": "float32", "rounds": rounds}
-    row["backward"] = PULLBACK
+    row = {"case": "timing", "cell": name, "T": length, "B": batch, "dtype": "float32"}
+    row |= {"rounds": rounds, "backward": PULLBACK} | default_choice(cell, params, xs)
     for name in forwards:
         row |= ms_fields(times[name])
     for name, program in programs.items():
@@ -214,7 +241,7 @@ def timing_row(length: int, rounds: int) -> dict:
         row[f"{name}_backward_kernel_ms"] = program.backward_kernel_ms()  # on a GPU only
     for key in ("newton", "newton_quasi"):
         row[f"{key}_over_lax_scan_median"] = row[f"{key}_ms"] / row["lax_scan_ms"]
-    for key in ("blelloch", "newton_blelloch"):
+    for key in ("blelloch", "newton_blelloch", "auto"):
         for quantity in ("total", "backward"):
             ratio = row[f"{key}_{quantity}_ms"] / row[f"bp_{quantity}_ms"]
             row[f"{key}_{quantity}_over_bp_median"] = ratio
@@ -225,6 +252,7 @@ def _done(log: JsonLines) -> set:
     """The configurations a log already has rows for."""
     return {
         (row["case"], row["T"], row["dtype"], row.get("quasi", False), row.get("B"))
+        + ((row.get("cell", "rnn-init"),) if row["case"] == "timing" else ())
         for row in log.read()
     }
 
@@ -238,6 +266,12 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--lengths", nargs="+", type=int, help="T grid (default: the full one)")
     parser.add_argument("--timing-lengths", nargs="+", type=int, default=list(TIMING_T))
+    parser.add_argument(
+        "--timing-cases", nargs="+", choices=("rnn-init", "gru-irmas"), default=["rnn-init"]
+    )
+    parser.add_argument(
+        "--timing-batches", nargs="+", type=int, help="B of the timing rows (default: 16 to 10k)"
+    )
     parser.add_argument("--batch", type=int, help="examples per row (default: 16 up to T = 10k)")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes: checks the code path")
     parser.add_argument("--require-backend", help="stop at once unless JAX runs on this backend")
@@ -280,10 +314,13 @@ def main(argv=None) -> None:
             print(_summary(row), flush=True)
     if args.timing:
         for length in args.timing_lengths[:1] if args.quick else args.timing_lengths:
-            if ("timing", length, "float32", False, batch_for(length)) not in done:
-                row = timing_row(length, args.rounds)
-                log.append(row)
-                print(row, flush=True)
+            for name in args.timing_cases:
+                for batch in args.timing_batches or [batch_for(length)]:
+                    if ("timing", length, "float32", False, batch, name) in done:
+                        continue
+                    row = timing_row(length, args.rounds, name, batch)
+                    log.append(row)
+                    print(row, flush=True)
 
 
 def _summary(row: dict) -> str:

@@ -94,8 +94,6 @@ class Rules:
         chain_sparse_cost: a multiply-add of the sequential sparse chain over layers, in units
             of one of the dense backward's; ``Auto()`` takes the chain where it wins by it.
         fallback_block: steps per block of the memory guard's lower-memory methods.
-        newton_iterations: the Newton iterations ``AutoForward()`` expects when it predicts
-            the parallel forward's time.
         structured_block_work, structured_block_steps: for maps whose products keep a
             structure (diagonal, block-diagonal), ``Auto()`` runs ``SequentialScan()`` in time
             blocks of about ``structured_block_work`` Jacobian floats over the batch
@@ -125,8 +123,6 @@ class Rules:
     chain_sparse_cost: float = 15.0
     # tests/test_memory.py's limits; benchmarks/speed.py memory columns
     fallback_block: int = 1024
-    # benchmarks/newton.py, benchmarks/results/newton_cpu.jsonl
-    newton_iterations: int = 15
     # benchmarks/width.py, the diagonal GRU at T = 4096, B = 4 (benchmarks/results/width/
     # cpu_sequential_blocks.json): SequentialScan() fastest at 64-512 steps for H = 256,
     # 64-128 for H = 1024, 32 for H = 4096
@@ -144,7 +140,7 @@ class Rules:
             "structured_block_work",
         ):
             _check_number("Rules", field, getattr(self, field), integer=True, zero=True)
-        for field in ("fallback_block", "newton_iterations"):
+        for field in ("fallback_block",):
             _check_number("Rules", field, getattr(self, field), integer=True)
         for field in ("single_element", "chain_sparse_cost"):
             _check_number("Rules", field, getattr(self, field), zero=True)

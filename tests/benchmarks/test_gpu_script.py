@@ -219,10 +219,17 @@ def test_dry_run_also_runs_the_newton_benchmark(dry_run):
         (8, "float32", True),
     ]
     assert all(r["fallback_rate"] == 0 and r["difference_from_lax_scan"] < 1e-4 for r in counts)
-    (timing,) = [r for r in rows if r["case"] == "timing"]
-    assert timing["backward"] == "pullback" and timing["newton_ms"] > 0
-    for gradient in ("bp", "blelloch", "newton_blelloch"):
-        assert all(timing[f"{gradient}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
+    timings = [r for r in rows if r["case"] == "timing"]
+    # The whole step's rows: RNN and GRU, two batches each, with the defaults' choice.
+    assert sorted((r["cell"], r["B"]) for r in timings) == [
+        ("gru-irmas", 1), ("gru-irmas", 2), ("rnn-init", 1), ("rnn-init", 2)
+    ]  # fmt: skip
+    for timing in timings:
+        assert timing["backward"] == "pullback" and timing["newton_ms"] > 0
+        for gradient in ("bp", "blelloch", "newton_blelloch", "auto"):
+            assert all(timing[f"{gradient}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
+        assert timing["auto_forward"] in ("'sequential'",) or "Newton(" in timing["auto_forward"]
+        assert timing["auto_forward_because"] and timing["newton_iterations_max"] >= 1
 
 
 def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):

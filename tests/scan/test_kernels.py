@@ -212,7 +212,6 @@ RATES = bppsa.Rates(flops=1e12, bandwidth=1e11, step_latency=1e-5)
         (lambda: bppsa.Rates(1.0, 1.0, True), "Rates: step_latency must be a positive number"),
         (lambda: bppsa.Rules(block_work=-1), "Rules: block_work must be a non-negative integer"),
         (lambda: bppsa.Rules(fallback_block=0), "Rules: fallback_block must be a positive"),
-        (lambda: bppsa.Rules(newton_iterations=2.5), "Rules: newton_iterations must be a"),
         (lambda: bppsa.Rules(single_element="2"), "Rules: single_element must be a non-neg"),
         (lambda: bppsa.Rules(block_steps=(64, 8)), r"Rules: block_steps must be a pair"),
         (lambda: bppsa.Rules(structured_block_steps=(0, 8)), "Rules: structured_block_steps"),

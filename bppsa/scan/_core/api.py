@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from bppsa.scan._core import plans, vjp
-from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.auto_forward import AutoForward, choose_forward, scan_key
+from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
@@ -25,7 +26,7 @@ Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
 
-FORWARD = SequentialForward()  # the default forward pass
+FORWARD = AutoForward()  # the default forward pass: the forward's policy
 
 
 def scan(
@@ -45,7 +46,8 @@ def scan(
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
-    The forward pass is sequential (``lax.scan``); the body is traced once. Its reverse-mode
+    The forward pass is ``lax.scan`` (on accelerators, where it pays, a certified parallel
+    Newton forward: see ``forward``); the body is traced once. Its reverse-mode
     derivative, instead of back-propagating step by step, builds the transposed Jacobian
     ``d carry_t / d carry_{t-1}`` of every step at once (from the cell's analytic builder when
     the body is a cell of :mod:`bppsa.models`, else by autodiff on the flattened float leaves of
@@ -77,11 +79,13 @@ def scan(
             ``jax.grad``.
         batch: examples this scan serves at once (what ``Auto()`` and the memory guard weigh);
             ``None``: read from the ``jax.vmap`` traces the scan is traced under.
-        forward: how the forward pass runs: ``"sequential"`` (``lax.scan``) or
+        forward: how the forward pass runs: ``"sequential"`` (``lax.scan``),
             ``bppsa.Newton(...)`` / ``"newton"`` (Newton iterations on the whole trajectory,
             each a parallel scan, certified to the residual tolerance; see
-            :class:`bppsa.Newton`). ``None``: that of the enclosing :func:`bppsa.grad`, else
-            ``"sequential"``.
+            :class:`bppsa.Newton`) or ``"auto"``. ``None``: that of the enclosing
+            :func:`bppsa.grad`, else ``"auto"``: ``lax.scan`` on CPUs, on accelerators Newton
+            bounded at the cost model's break-even iteration count where it can pay (see
+            :class:`bppsa.AutoForward`; :func:`bppsa.trace_plans` records the choice and why).
         precision: of the matrix products ``bppsa`` itself forms (the scan's combines, the
             Jacobians' applications, chunk aggregates, structured blocks, Newton's linear
             solves), in ``jax.lax``'s vocabulary: ``"highest"``, ``"high"``, ``"default"``, a
@@ -128,7 +132,7 @@ def scan(
         method, memory_limit, check_finite, forward, precision, check_structure=check_structure
     )
     options = options.over(current())
-    forward = options.forward or FORWARD
+    requested_forward = options.forward or FORWARD
     batch = _check_batch(batch)
     problem, init, requested, concrete = _prepare(
         options.method or Auto(),
@@ -141,6 +145,12 @@ def scan(
         bool(options.check_finite),
         bool(options.check_structure),
     )
+    forward, forward_because = requested_forward, None
+    if isinstance(requested_forward, AutoForward):
+        key = scan_key(f, problem.footprint, problem.layout.dtype)
+        forward, forward_because = choose_forward(
+            as_policy(requested), problem.footprint, concrete, key=key
+        )
     plan = plans.record(
         requested=requested,
         method=concrete,
@@ -149,6 +159,7 @@ def scan(
         length=problem.length,
         batch=problem.batch,
         forward=forward,
+        forward_because=forward_because,
     )
     run = vjp.differentiable(
         requested,

@@ -43,9 +43,9 @@ def value_and_grad(
         check_finite: raise ``FloatingPointError`` naming the first time step whose Jacobian
             or cotangent is not finite (``None``: that of an enclosing ``bppsa.grad``, else
             False); see :func:`bppsa.scan`.
-        forward: the forward pass of each scan inside (``"sequential"``, ``"newton"`` or
-            ``bppsa.Newton(...)``; ``None``: that of an enclosing ``bppsa.grad``, else
-            sequential); see :func:`bppsa.scan`.
+        forward: the forward pass of each scan inside (``"sequential"``, ``"newton"``,
+            ``bppsa.Newton(...)`` or ``"auto"``; ``None``: that of an enclosing ``bppsa.grad``,
+            else ``"auto"``, the forward's policy); see :func:`bppsa.scan`.
         precision: of the matrix products ``bppsa`` forms in each scan's derivatives
             (``"highest"``, ``"high"``, ``"default"``, a ``jax.lax.Precision`` or
             ``jax.lax.DotAlgorithmPreset``; ``None``: that of an enclosing ``bppsa.grad``, else

@@ -137,12 +137,15 @@ class Newton(Forward):
         if self.solver is not None:
             object.__setattr__(self, "solver", resolve(self.solver, argname="Newton: solver"))
 
-    def solver_for(self, fp: Footprint, backend: str | None = None) -> Method:
+    def solver_for(
+        self, fp: Footprint, backend: str | None = None, policy: Policy | None = None
+    ) -> Method:
         """The method that solves the linear recurrences of a scan of footprint ``fp`` (its
-        Jacobians'; diagonal ones with ``quasi``) on ``backend``."""
+        Jacobians'; diagonal ones with ``quasi``) on ``backend``: this Newton's ``solver``, else
+        ``policy``'s pick (default ``Auto()``)."""
         if self.quasi:
             fp = dataclasses.replace(fp, element=fp.size, dense=fp.size, width=1)
-        policy = as_policy(self.solver if self.solver is not None else Auto())
+        policy = as_policy(self.solver if self.solver is not None else policy or Auto())
         return policy.scan_method(fp, math.inf, backend=backend, jacobians=True)
 
     def iterations(self, length: int) -> int:

@@ -32,6 +32,7 @@ class ScanPlan:
         backward: the method that ran the backward pass, after the memory guard (``None``
             until the backward is traced, and for plain ``lax.scan``).
         forward: how the forward pass runs (``'sequential'``: ``lax.scan``; ``Newton(...)``).
+        forward_because: why, where the forward policy chose it (``None``: asked for).
         whole_batch: whether the backward ran on the ``jax.vmap`` batch as one array (the
             shared parameters' cotangents as one product over steps and examples) rather
             than example by example (``None`` until the backward is traced).
@@ -46,6 +47,7 @@ class ScanPlan:
     batch: int
     backward: Any = None
     forward: Any = None
+    forward_because: str | None = None
     whole_batch: bool | None = None
     dense_because: str | None = None
 
