@@ -166,18 +166,23 @@ class Newton(Forward):
             )
         if length == 0 or not problem.differentiable_carry:
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
-        states, info = self.solve(problem, consts, init, xs, self.solver_for(problem.footprint))
+        solver = self.solver_for(problem.footprint)
+        states, info, ys = self.solve(problem, consts, init, xs, solver)
         before = _unpack(layout, init, _shifted(layout.pack(init), states))
-        (_, ys), _ = problem.all_steps()(consts, before, xs)
         if self.callback is not None:
             jax.debug.callback(self.callback, info)
         carry = layout.unpack_into(states[-1], init)
         return carry, ((ys, before) if keep else ys)
 
-    def solve(self, problem, consts, init, xs, method=None) -> tuple[jax.Array, NewtonInfo]:
-        """The certified trajectory: ``(states, info)``, ``states[t]`` the packed carry after
-        step ``t``, ``(T, *batch, n)``; each iteration's linear recurrence solved by
-        ``method.forward_scan`` (a Jacobian method; ``None``: the modified Blelloch scan)."""
+    def solve(self, problem, consts, init, xs, method=None) -> tuple[jax.Array, NewtonInfo, Any]:
+        """The certified trajectory: ``(states, info, ys)``, ``states[t]`` the packed carry
+        after step ``t``, ``(T, *batch, n)``, and the steps' outputs along it; each iteration's
+        linear recurrence solved by ``method.forward_scan`` (a Jacobian method; ``None``: the
+        modified Blelloch scan).
+
+        The outputs come from the evaluation that certified the trajectory (and, for the steps
+        after a converged prefix, from the sequential continuation): no evaluation of the steps
+        after the last check."""
         layout, length = problem.layout, problem.length
         all_steps = problem.all_steps()
         h0 = layout.pack(init)
@@ -186,7 +191,7 @@ class Newton(Forward):
 
         def evaluate(states):
             before = _shifted(h0, states)
-            (after, _), jac_t = all_steps(consts, _unpack(layout, init, before), xs)
+            (after, ys), jac_t = all_steps(consts, _unpack(layout, init, before), xs)
             f = layout.pack(after, stacked=True)
             scale = jnp.abs(f) + jnp.mean(jnp.abs(f), axis=0)
             ratio = jnp.abs(states - f) / jnp.where(scale > 0, scale, 1.0)
@@ -194,7 +199,7 @@ class Newton(Forward):
             ok = jnp.all(ratio <= tol, axis=tuple(range(1, ratio.ndim)))
             prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
             maps_t = jac_t.diagonal() if self.quasi else jac_t
-            return f, maps_t, before, ok, prefix, ratio
+            return f, maps_t, before, ok, prefix, ratio, ys
 
         def newton_step(states, f, maps_t, before):
             offsets = f - maps_t.transpose().apply(before)
@@ -211,23 +216,25 @@ class Newton(Forward):
             return ~state[2]
 
         def body(state):
-            k, states, _, last_prefix, _ = state
-            f, maps, before, ok, prefix, ratio = evaluate(states)
+            k, states, _, last_prefix, _, _ = state
+            f, maps, before, ok, prefix, ratio, ys = evaluate(states)
             converged = prefix == length
             stalled = prefix <= last_prefix
             stop = converged | stalled | (k >= limit)
             states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps, before))
             worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
-            return k + jnp.where(stop, 0, 1), states, stop, prefix, worst
+            # On a stop the states stay, and ``ys`` are their outputs.
+            return k + jnp.where(stop, 0, 1), states, stop, prefix, worst, ys
 
         # Every step taken from h_0 in parallel, f(h_0, x_t): measured (benchmarks/newton.py,
         # B = 16, float32) to save one iteration against h_0 itself for the RNN (3 -> 2 at
         # initialization; after training 8.0 -> 7.9 at T = 1k, 12.4 -> 10.8 at 10k), the same
         # for the GRU (3), for one evaluation of the steps instead of an iteration's scan.
-        guess = evaluate(jnp.broadcast_to(h0, (length, *h0.shape)))[0]
-        start = (jnp.int32(0), guess, jnp.bool_(False), jnp.int32(-1), jnp.zeros((), h0.dtype))
-        k, states, _, prefix, worst = lax.while_loop(cond, body, start)
-        states = _continue_sequentially(problem, consts, init, xs, states, prefix)
+        first = evaluate(jnp.broadcast_to(h0, (length, *h0.shape)))
+        guess, ys = first[0], first[-1]
+        start = (jnp.int32(0), guess, jnp.bool_(False), jnp.int32(-1), jnp.zeros((), h0.dtype), ys)
+        k, states, _, prefix, worst, ys = lax.while_loop(cond, body, start)
+        states, ys = _continue_sequentially(problem, consts, init, xs, states, ys, prefix)
         info = NewtonInfo(
             iterations=k,
             converged=prefix == length,
@@ -236,7 +243,7 @@ class Newton(Forward):
             residual=worst,
             length=jnp.int32(length),
         )
-        return states, info
+        return states, info, ys
 
 
 def _shifted(h0, states):
@@ -249,9 +256,9 @@ def _unpack(layout, init, packed):
     return layout.unpack(packed, init, stacked=True)
 
 
-def _continue_sequentially(problem, consts, init, xs, states, prefix):
-    """``states`` with the steps from ``prefix`` on computed by the step itself, one after the
-    other (none when ``prefix == T``)."""
+def _continue_sequentially(problem, consts, init, xs, states, ys, prefix):
+    """``(states, ys)`` with the steps from ``prefix`` on (and their outputs) computed by the
+    step itself, one after the other (none when ``prefix == T``)."""
     layout, step = problem.layout, problem.body.step
     h0 = layout.pack(init)
 
@@ -259,12 +266,13 @@ def _continue_sequentially(problem, consts, init, xs, states, prefix):
         return state[0] < problem.length
 
     def body(state):
-        t, h, states = state
+        t, h, states, ys = state
         x = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, t, keepdims=False), xs)
-        new, *_ = step(layout.unpack_into(h, init), x, *consts)
+        new, y, *_ = step(layout.unpack_into(h, init), x, *consts)
         h = layout.pack(new)
-        return t + 1, h, lax.dynamic_update_index_in_dim(states, h, t, axis=0)
+        ys = jax.tree.map(lambda a, v: lax.dynamic_update_index_in_dim(a, v, t, axis=0), ys, y)
+        return t + 1, h, lax.dynamic_update_index_in_dim(states, h, t, axis=0), ys
 
     h_start = jnp.where(prefix > 0, states[jnp.maximum(prefix - 1, 0)], h0)
-    _, _, states = lax.while_loop(cond, body, (prefix, h_start, states))
-    return states
+    _, _, states, ys = lax.while_loop(cond, body, (prefix, h_start, states, ys))
+    return states, ys
