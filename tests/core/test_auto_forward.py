@@ -144,3 +144,19 @@ def test_plain_back_propagation_keeps_lax_scan_on_every_profile():
     assert [p.method for p in plans] == [bppsa.Sequential()] * 2
     assert all(p.forward == SequentialForward() for p in plans)
     assert all("plain back-propagation" in p.forward_because for p in plans)
+
+
+def test_newtons_solver_is_held_to_the_memory_limit():
+    """The forward's solves form what the backward's scan forms: under a limit that Blelloch's
+    estimate exceeds, the solver is the memory guard's fallback; under one that nothing fits,
+    lax.scan."""
+    fp = footprint_of(10_000, 20, 16)
+    method = ON_GPU.scan_method(fp, jacobians=True)
+    newton, _ = auto_forward.choose_forward(ON_GPU, fp, method)
+    assert newton.solver == bppsa.Blelloch()
+    limit = bppsa.Blelloch().memory(fp) - 1
+    newton, why = auto_forward.choose_forward(ON_GPU, fp, method, limit=limit)
+    assert isinstance(newton, bppsa.Newton) and newton.solver != bppsa.Blelloch()
+    assert newton.solver.memory(fp) <= limit and why.startswith("predicted")
+    forward, why = auto_forward.choose_forward(ON_GPU, fp, method, limit=1)
+    assert forward == SequentialForward() and "memory limit" in why

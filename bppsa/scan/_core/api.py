@@ -149,7 +149,7 @@ def scan(
     if isinstance(requested_forward, AutoForward):
         key = scan_key(f, problem.footprint, problem.layout.dtype)
         forward, forward_because = choose_forward(
-            as_policy(requested), problem.footprint, concrete, key=key
+            as_policy(requested), problem.footprint, concrete, key=key, limit=options.memory_limit
         )
     plan = plans.record(
         requested=requested,

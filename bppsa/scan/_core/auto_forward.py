@@ -39,7 +39,7 @@ import numpy as np
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.forward import Forward, SequentialForward
-from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.memory import Footprint, MemoryLimitError
 from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
 from bppsa.scan._core.newton import Newton
 
@@ -106,13 +106,15 @@ def scan_key(f, fp: Footprint, dtype) -> tuple:
     return (site, fp.length, fp.size, fp.batch, fp.element, fp.width, str(dtype))
 
 
-def break_even(fp: Footprint, policy: Policy | None = None, backend: str | None = None) -> int:
+def break_even(
+    fp: Footprint, policy: Policy | None = None, backend: str | None = None, solver=None
+) -> int:
     """The most Newton iterations that, with the final evaluation, the cost model predicts
     faster than ``lax.scan`` for a scan of footprint ``fp`` (``0``: none), on ``policy``'s
-    profile with its solver (default ``Auto()``)."""
+    profile with ``solver`` (default: the policy's pick; the policy default ``Auto()``)."""
     policy = policy or Auto()
     profile = policy.profile_for(backend)
-    solver = Newton().solver_for(fp, backend, policy)
+    solver = solver or Newton().solver_for(fp, backend, policy)
     sequential = cost.sequential_forward(fp).seconds(profile)
     iteration = cost.plus(solver.cost(fp), cost.Cost(1, 0, 0)).seconds(profile)
     final = cost.jacobians(fp, fp.length).seconds(profile)
@@ -122,18 +124,28 @@ def break_even(fp: Footprint, policy: Policy | None = None, backend: str | None 
 
 
 def choose_forward(
-    policy: Policy, fp: Footprint, method: Method, backend: str | None = None, key=None
+    policy: Policy,
+    fp: Footprint,
+    method: Method,
+    backend: str | None = None,
+    key=None,
+    limit: float | None = math.inf,
 ) -> tuple[Forward, str]:
     """The forward of a scan of footprint ``fp`` whose backward runs ``method``, and why (see
-    the module docstring; ``key``: the scan's record, :func:`scan_key`)."""
+    the module docstring; ``key``: the scan's record, :func:`scan_key`; ``limit``: the scan's
+    memory limit, which Newton's solver must fit too)."""
     if not method.uses_jacobians:
         return SEQUENTIAL, "the backward is plain back-propagation, which differentiates lax.scan"
     if method.forward_for(SEQUENTIAL) != SEQUENTIAL:
         return SEQUENTIAL, f"{method!r} runs its own forward"
     if policy.profile_for(backend).measured_rules:
         return SEQUENTIAL, "measured: the Newton forward is slower than lax.scan on CPUs"
-    limit = break_even(fp, policy, backend)
-    if limit < MIN_ITERATIONS:
+    try:
+        solver = Newton().solver_for(fp, backend, policy, limit)
+    except MemoryLimitError:
+        return SEQUENTIAL, "no solver of the Newton iterations fits the memory limit"
+    bound = break_even(fp, policy, backend, solver)
+    if bound < MIN_ITERATIONS:
         return SEQUENTIAL, (
             f"predicted: lax.scan's {fp.length} steps cost less than {MIN_ITERATIONS} Newton "
             "iterations"
@@ -141,16 +153,15 @@ def choose_forward(
     record = RECORDS.get(key) if key is not None else None
     if record is not None and record.runs:
         measured = f"{record.iterations:.1f} iterations on average over {record.runs} runs"
-        if record.iterations >= limit:
-            return SEQUENTIAL, f"measured: {measured}, break-even {limit}"
+        if record.iterations >= bound:
+            return SEQUENTIAL, f"measured: {measured}, break-even {bound}"
         if not record.last_converged:
             return SEQUENTIAL, f"measured: its last Newton run did not converge ({measured})"
-        why = f"measured: {measured}, below the break-even {limit}"
+        why = f"measured: {measured}, below the break-even {bound}"
     else:
-        why = f"predicted: Newton pays up to {limit} iterations (bounded there, certified)"
+        why = f"predicted: Newton pays up to {bound} iterations (bounded there, certified)"
     callback = recorder(key) if key is not None else None
-    solver = Newton().solver_for(fp, backend, policy)  # what the break-even was costed with
-    return Newton(max_iterations=limit, callback=callback, solver=solver), why
+    return Newton(max_iterations=bound, callback=callback, solver=solver), why
 
 
 @dataclasses.dataclass(frozen=True)

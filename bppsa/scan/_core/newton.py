@@ -138,15 +138,23 @@ class Newton(Forward):
             object.__setattr__(self, "solver", resolve(self.solver, argname="Newton: solver"))
 
     def solver_for(
-        self, fp: Footprint, backend: str | None = None, policy: Policy | None = None
+        self,
+        fp: Footprint,
+        backend: str | None = None,
+        policy: Policy | None = None,
+        limit: float | None = math.inf,
     ) -> Method:
         """The method that solves the linear recurrences of a scan of footprint ``fp`` (its
-        Jacobians'; diagonal ones with ``quasi``) on ``backend``: this Newton's ``solver``, else
-        ``policy``'s pick (default ``Auto()``)."""
+        Jacobians'; diagonal ones with ``quasi``) on ``backend`` within ``limit`` bytes: this
+        Newton's ``solver``, else ``policy``'s pick (default ``Auto()``).
+
+        Raises:
+            MemoryLimitError: no solver fits ``limit``.
+        """
         if self.quasi:
             fp = dataclasses.replace(fp, element=fp.size, dense=fp.size, width=1)
         policy = as_policy(self.solver if self.solver is not None else policy or Auto())
-        return policy.scan_method(fp, math.inf, backend=backend, jacobians=True)
+        return policy.scan_method(fp, limit, backend=backend, jacobians=True)
 
     def iterations(self, length: int) -> int:
         """The iteration limit for ``length`` steps."""
