@@ -142,6 +142,24 @@ def test_a_users_own_layer_gets_an_autodiff_jacobian(x64):
     assert type(chain.transposed_jacobians(params, x)[3]).__name__ == "Dense"
 
 
+def scale_map(params, x):
+    """The transposed Jacobian of ``y = s * x`` (elementwise): ``diag(s)``, a Structured map."""
+    d = jnp.broadcast_to(params["scale"], x.shape)[None]
+    return bppsa.scan.Structured(u=jnp.eye(x.shape[-1], dtype=x.dtype), d=d)
+
+
+def scale_chain(layer):
+    """A chain ``Flatten, layer, Linear`` with ``layer`` the scale ``y = s * x``, float64: the
+    chain, its params, an input, a loss of ``apply`` and the loss's gradient by autodiff."""
+    chain = Chain([Flatten(), layer, Linear(12, 2)])
+    params = chain.init(jax.random.key(0), dtype=jnp.float64)
+    params[1] = {"scale": jnp.linspace(0.5, 1.5, 12, dtype=jnp.float64)}
+    x = jax.random.normal(jax.random.key(1), (3, 1, 4, 3), jnp.float64)
+    loss = lambda p, x, apply: jnp.sum(jnp.tanh(apply(p, x)))
+    expected = jax.grad(loss, argnums=(0, 1))(params, x, chain.forward)
+    return chain, params, x, loss, expected
+
+
 def test_a_users_layer_declares_its_jacobian_as_a_cell_does(x64):
     # y = s * x elementwise: J^T = diag(s), built by the layer's own builder (a Structured map),
     # so the chain's backward uses it and not autodiff.
@@ -149,20 +167,13 @@ def test_a_users_layer_declares_its_jacobian_as_a_cell_does(x64):
 
     def scale_jacobian_t(params, x):
         built.append(x.shape)
-        n = x.shape[-1]
-        d = jnp.broadcast_to(params["scale"], x.shape)[None]
-        return bppsa.scan.Structured(u=jnp.eye(n, dtype=x.dtype), d=d)
+        return scale_map(params, x)
 
     @transposed_jacobian(scale_jacobian_t)
     def scale(params, x):
         return x * params["scale"]
 
-    chain = Chain([Flatten(), scale, Linear(12, 2)])
-    params = chain.init(jax.random.key(0), dtype=jnp.float64)
-    params[1] = {"scale": jnp.linspace(0.5, 1.5, 12, dtype=jnp.float64)}
-    x = jax.random.normal(jax.random.key(1), (3, 1, 4, 3), jnp.float64)
-    loss = lambda p, x, apply: jnp.sum(jnp.tanh(apply(p, x)))
-    expected = jax.grad(loss, argnums=(0, 1))(params, x, chain.forward)
+    chain, params, x, loss, expected = scale_chain(scale)
     for method in SCAN_METHODS:
         built.clear()
         actual = jax.jit(bppsa.grad(loss, argnums=(0, 1), method=method), static_argnums=2)(
@@ -190,8 +201,7 @@ class Scale(Layer):
 
     def transposed_jacobian(self, params, x, mask=None):
         self.built.append(x.shape)
-        d = jnp.broadcast_to(params["scale"], x.shape)[None]
-        return bppsa.scan.Structured(u=jnp.eye(x.shape[-1], dtype=x.dtype), d=d)
+        return scale_map(params, x)
 
 
 class PlainScale(Scale):
@@ -204,12 +214,7 @@ class PlainScale(Scale):
     "layer,analytic", [(Scale(), True), (PlainScale(), False)], ids=["Scale", "PlainScale"]
 )
 def test_a_users_layer_type_declares_its_jacobian_by_the_same_protocol(x64, layer, analytic):
-    chain = Chain([Flatten(), layer, Linear(12, 2)])
-    params = chain.init(jax.random.key(0), dtype=jnp.float64)
-    params[1] = {"scale": jnp.linspace(0.5, 1.5, 12, dtype=jnp.float64)}
-    x = jax.random.normal(jax.random.key(1), (3, 1, 4, 3), jnp.float64)
-    loss = lambda p, x, apply: jnp.sum(jnp.tanh(apply(p, x)))
-    expected = jax.grad(loss, argnums=(0, 1))(params, x, chain.forward)
+    chain, params, x, loss, expected = scale_chain(layer)
     Scale.built.clear()
     actual = jax.jit(bppsa.grad(loss, argnums=(0, 1), method="blelloch"), static_argnums=2)(
         params, x, chain.apply

@@ -40,7 +40,7 @@ import numpy as np
 from bppsa.scan._core import cost
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.memory import Footprint, MemoryLimitError
-from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
+from bppsa.scan._core.methods import Auto, Method, Policy
 from bppsa.scan._core.newton import Newton
 
 SEQUENTIAL = SequentialForward()
@@ -193,11 +193,8 @@ class AutoForward(Forward):
         (``element``, ``width``: the Jacobians' structure, as for :meth:`bppsa.Auto.choose`),
         before any record of its runs, with a Jacobian backward."""
         fp = cost.footprint_of(length, size, batch, element, width)
-        method = Auto().choose(length, size, backend, batch=batch, element=element, width=width)
-        if not method.uses_jacobians:
-            method = Auto().choose(
-                length, size, backend, batch=batch, element=element, width=width, jacobians=True
-            )
+        options = dict(batch=batch, element=element, width=width, jacobians=True)
+        method = Auto().choose(length, size, backend, **options)
         return choose_forward(Auto(), fp, method, backend)[0]
 
     def predictions(
@@ -217,7 +214,7 @@ class AutoForward(Forward):
         profile = Auto().profile_for(backend)
         newton = Newton()
         solver = newton.solver_for(fp, backend, Auto())
-        k = break_even(fp, Auto(), backend) if iterations is None else iterations
+        k = break_even(fp, Auto(), backend, solver) if iterations is None else iterations
         return {
             SEQUENTIAL: cost.sequential_forward(fp).seconds(profile),
             newton: cost.newton_forward(fp, k, solver).seconds(profile),
@@ -225,7 +222,7 @@ class AutoForward(Forward):
 
     def __call__(self, problem, consts, init, xs, *, keep):
         fp = problem.footprint
-        method = as_policy(Auto()).scan_method(fp, jacobians=True)
+        method = Auto().scan_method(fp, jacobians=True)
         chosen, _ = choose_forward(Auto(), fp, method)
         return chosen(problem, consts, init, xs, keep=keep)
 
