@@ -11,8 +11,9 @@ the choice and why (``forward``, ``forward_because``):
    slower there, ``benchmarks/results/newton_cpu_timing.jsonl``);
 3. elsewhere the cost model (:mod:`bppsa.scan._core.cost`, the policy's profile) gives the
    break-even count ``K``: the most Newton iterations (each one evaluation of all steps with
-   their Jacobians, the residual check and the solver's scan) that, with the final evaluation,
-   still cost less than ``lax.scan``'s ``T`` dependent steps. ``K < 4`` (the fewest
+   their Jacobians, the residual check and the solver's scan) that, with the final evaluation
+   (free where the backward takes its Jacobians: ``Newton(share_jacobians=True)``), still cost
+   less than ``lax.scan``'s ``T`` dependent steps. ``K < 4`` (the fewest
    iterations measured scans converge in, :data:`MIN_ITERATIONS`): ``lax.scan``;
 4. every certified Newton run that this policy starts reports its iterations and whether it
    converged to a record kept per scan (its call site and shapes, :data:`RECORDS`). Where the
@@ -107,17 +108,23 @@ def scan_key(f, fp: Footprint, dtype) -> tuple:
 
 
 def break_even(
-    fp: Footprint, policy: Policy | None = None, backend: str | None = None, solver=None
+    fp: Footprint,
+    policy: Policy | None = None,
+    backend: str | None = None,
+    solver=None,
+    shared: bool = False,
 ) -> int:
     """The most Newton iterations that, with the final evaluation, the cost model predicts
     faster than ``lax.scan`` for a scan of footprint ``fp`` (``0``: none), on ``policy``'s
-    profile with ``solver`` (default: the policy's pick; the policy default ``Auto()``)."""
+    profile with ``solver`` (default: the policy's pick; the policy default ``Auto()``);
+    ``shared``: the backward takes the final evaluation's Jacobians (see
+    :func:`bppsa.scan._core.cost.newton_forward`)."""
     policy = policy or Auto()
     profile = policy.profile_for(backend)
     solver = solver or Newton().solver_for(fp, backend, policy)
     sequential = cost.sequential_forward(fp).seconds(profile)
-    iteration = cost.plus(solver.cost(fp), cost.Cost(1, 0, 0)).seconds(profile)
-    final = cost.jacobians(fp, fp.length).seconds(profile)
+    final = cost.newton_forward(fp, 0, solver, shared).seconds(profile)
+    iteration = cost.newton_forward(fp, 1, solver, shared).seconds(profile) - final
     if iteration <= 0:
         return 0
     return max(math.floor((sequential - final) / iteration), 0)
@@ -144,7 +151,7 @@ def choose_forward(
         solver = Newton().solver_for(fp, backend, policy, limit)
     except MemoryLimitError:
         return SEQUENTIAL, "no solver of the Newton iterations fits the memory limit"
-    bound = break_even(fp, policy, backend, solver)
+    bound = break_even(fp, policy, backend, solver, method.supports.forward_jacobians)
     if bound < MIN_ITERATIONS:
         return SEQUENTIAL, (
             f"predicted: lax.scan's {fp.length} steps cost less than {MIN_ITERATIONS} Newton "
@@ -209,15 +216,18 @@ class AutoForward(Forward):
         iterations: int | None = None,
     ) -> dict[Forward, float]:
         """Predicted seconds of ``lax.scan`` and of Newton with ``iterations`` iterations
-        (default: the break-even count) on ``backend``'s profile."""
+        (default: the break-even count) on ``backend``'s profile (Newton's net of the
+        Jacobians it hands to a backward that takes them)."""
         fp = cost.footprint_of(length, size, batch, element, width)
         profile = Auto().profile_for(backend)
         newton = Newton()
         solver = newton.solver_for(fp, backend, Auto())
-        k = break_even(fp, Auto(), backend, solver) if iterations is None else iterations
+        backward = Auto().scan_method(fp, backend=backend, jacobians=True)
+        shared = backward.supports.forward_jacobians
+        k = break_even(fp, Auto(), backend, solver, shared) if iterations is None else iterations
         return {
             SEQUENTIAL: cost.sequential_forward(fp).seconds(profile),
-            newton: cost.newton_forward(fp, k, solver).seconds(profile),
+            newton: cost.newton_forward(fp, k, solver, shared).seconds(profile),
         }
 
     def __call__(self, problem, consts, init, xs, *, keep):

@@ -37,18 +37,24 @@ def steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
     return vjp((jax.tree.map(zero_cotangent, carries_after), ct_ys))
 
 
-def linearize_steps(all_steps: Callable, layout: Layout, consts, carries_before, xs, ct_ys):
+def linearize_steps(
+    all_steps: Callable, layout: Layout, consts, carries_before, xs, ct_ys, jac_t=None
+):
     """One evaluation of all the steps of a span: their transposed Jacobians, the offsets that
     the outputs' cotangents ``ct_ys`` send to the carries, and the VJP w.r.t. consts and xs.
+
+    ``jac_t``: the Jacobians, if the forward already has them at these carries (then
+    ``all_steps`` need not form them: see :meth:`bppsa.scan._core.problem.Problem.all_steps`).
 
     Returns:
         ``(jac_t, offsets, vjp, ct_ys)``: ``offsets`` is ``None`` without ``ct_ys`` (then no VJP
         w.r.t. the carries is needed); ``vjp((carry_cotangents, ct_ys)) -> (ct_consts, ct_xs)``;
         ``ct_ys`` with zeros filled in.
     """
+    given = jac_t
     if ct_ys is None:
         (carries_after, ys), vjp, jac_t = vjp_without_carries(all_steps, consts, carries_before, xs)
-        return jac_t, None, vjp, jax.tree.map(zero_cotangent, ys)
+        return (jac_t if given is None else given), None, vjp, jax.tree.map(zero_cotangent, ys)
     (carries_after, _), vjp_all, jac_t = jax.vjp(
         all_steps, consts, carries_before, xs, has_aux=True
     )
@@ -58,6 +64,7 @@ def linearize_steps(all_steps: Callable, layout: Layout, consts, carries_before,
         ct_consts, _, ct_xs = vjp_all(cts)
         return ct_consts, ct_xs
 
+    jac_t = jac_t if given is None else given
     return jac_t, layout.pack(from_ys, stacked=True), vjp, ct_ys
 
 
@@ -71,11 +78,13 @@ def span_backward(
     xs,
     g_end: Array,
     ct_ys,
+    jac_t=None,
 ):
     """Back-propagates ``g_end`` through a span of steps.
 
     One evaluation of all the span's steps at once (parallel in t) gives their VJP and their
-    transposed Jacobians (:func:`linearize_steps`); ``scan`` turns the Jacobians into carry
+    transposed Jacobians (:func:`linearize_steps`; ``jac_t``: the Jacobians the forward
+    already has, then ``all_steps`` does not form them); ``scan`` turns the Jacobians into carry
     cotangents; the VJP then gives the cotangents of consts (summed over the steps) and xs.
 
     Returns:
@@ -83,7 +92,7 @@ def span_backward(
         (:mod:`bppsa.scan._core.debug`) if ``check``, else ``None``.
     """
     jac_t, offsets, vjp, ct_ys = linearize_steps(
-        all_steps, layout, consts, carries_before, xs, ct_ys
+        all_steps, layout, consts, carries_before, xs, ct_ys, jac_t
     )
     g = scan(g_end, jac_t, offsets)  # [g_start, ..., g_end]
     ct_consts, ct_xs = vjp((layout.unpack(g[1:], carries_before, stacked=True), ct_ys))

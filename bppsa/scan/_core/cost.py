@@ -139,12 +139,15 @@ def sequential_forward(fp: Footprint) -> Cost:
     )
 
 
-def newton_forward(fp: Footprint, iterations: float, solver) -> Cost:
+def newton_forward(fp: Footprint, iterations: float, solver, shared: bool = False) -> Cost:
     """``bppsa.Newton()``: every iteration evaluates all steps with their Jacobians, checks the
     residuals and solves the linear recurrence by ``solver``'s scan (a method: its cost over
-    the steps' Jacobians, which includes evaluating them); then the outputs, one evaluation."""
+    the steps' Jacobians, which includes evaluating them); then the evaluation that certifies
+    the last iterate. ``shared``: its Jacobians go to the backward, which then does not form
+    them, so that evaluation is counted as the backward's saving (free)."""
     iteration = plus(solver.cost(fp), Cost(1, 0, 0))
-    return plus(iteration.times(iterations), jacobians(fp, fp.length))
+    final = Cost(0, 0, 0) if shared else jacobians(fp, fp.length)
+    return plus(iteration.times(iterations), final)
 
 
 def plus(*costs: Cost) -> Cost:

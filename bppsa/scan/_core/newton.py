@@ -88,7 +88,9 @@ class Newton(Forward):
     when the iterations do not get there (an expansive or chaotic cell, a NaN), the steps after
     the converged prefix are computed sequentially; the result is then as accurate as
     ``lax.scan``'s. Gradients are the usual backward of the backward method on that trajectory
-    (with full Jacobians, also when ``quasi=True``). See :mod:`bppsa.scan._core.newton`.
+    (with full Jacobians, also when ``quasi=True``); the Jacobians of the evaluation that
+    certified the trajectory are handed to it (``share_jacobians``), so that it does not form
+    them again. See :mod:`bppsa.scan._core.newton`.
 
     Args:
         max_iterations: iteration limit (``None``: ``min(64, T)``; ``T`` iterations make every
@@ -103,6 +105,13 @@ class Newton(Forward):
             backward's ``method``.
         callback: called as ``callback(info)`` with a :class:`NewtonInfo` of NumPy values every
             time the forward runs (through ``jax.debug.callback``, so also under ``jax.jit``).
+        share_jacobians: keep the steps' Jacobians at the final trajectory (formed by the
+            evaluation that certified it; for steps after an unconverged prefix, by the
+            sequential continuation) for a backward that takes them whole (``Blelloch``,
+            ``Chunked``, ``SequentialScan``): one evaluation of the Jacobians fewer, for
+            holding them from the forward to the backward, and one more stack of them during
+            the iterations (shared only where the scan's memory limit allows that).
+            ``False``: the backward forms them.
 
     Example:
         >>> w = 0.5 * jnp.eye(3)
@@ -119,6 +128,7 @@ class Newton(Forward):
     quasi: bool = False
     callback: Callable[[NewtonInfo], Any] | None = dataclasses.field(default=None, repr=False)
     solver: Method | Policy | None = None
+    share_jacobians: bool = True
     name: ClassVar[str] = "newton"
 
     def __post_init__(self):
@@ -132,6 +142,9 @@ class Newton(Forward):
             raise ValueError(f"Newton: tol must be positive, got {tol!r}.")
         if not isinstance(self.quasi, bool):
             raise TypeError(f"Newton: quasi must be a bool, got {type(self.quasi).__name__}.")
+        if not isinstance(self.share_jacobians, bool):
+            kind = type(self.share_jacobians).__name__
+            raise TypeError(f"Newton: share_jacobians must be a bool, got {kind}.")
         if self.callback is not None and not callable(self.callback):
             raise TypeError("Newton: callback must be callable or None.")
         if self.solver is not None:
@@ -165,7 +178,17 @@ class Newton(Forward):
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
 
+    @property
+    def shares_jacobians(self) -> bool:
+        return self.share_jacobians
+
     def __call__(self, problem, consts, init, xs, *, keep):
+        return self._run(problem, consts, init, xs, keep=keep, jacobians=False)
+
+    def with_jacobians(self, problem, consts, init, xs):
+        return self._run(problem, consts, init, xs, keep=True, jacobians=True)
+
+    def _run(self, problem, consts, init, xs, *, keep, jacobians):
         length, layout = problem.length, problem.layout
         if not all(layout.float_mask):
             raise TypeError(
@@ -173,24 +196,31 @@ class Newton(Forward):
                 "has integer or boolean leaves. Use forward='sequential' (lax.scan)."
             )
         if length == 0 or not problem.differentiable_carry:
+            if jacobians:
+                raise ValueError("Newton: no Jacobians to share for a scan without a carry.")
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
         solver = self.solver_for(problem.footprint)
-        states, info, ys = self.solve(problem, consts, init, xs, solver)
+        states, info, ys, jac_t = self.solve(problem, consts, init, xs, solver, jacobians)
         before = _unpack(layout, init, _shifted(layout.pack(init), states))
         if self.callback is not None:
             jax.debug.callback(self.callback, info)
         carry = layout.unpack_into(states[-1], init)
+        if jacobians:
+            return carry, (ys, before, jac_t)
         return carry, ((ys, before) if keep else ys)
 
-    def solve(self, problem, consts, init, xs, method=None) -> tuple[jax.Array, NewtonInfo, Any]:
-        """The certified trajectory: ``(states, info, ys)``, ``states[t]`` the packed carry
-        after step ``t``, ``(T, *batch, n)``, and the steps' outputs along it; each iteration's
-        linear recurrence solved by ``method.forward_scan`` (a Jacobian method; ``None``: the
-        modified Blelloch scan).
+    def solve(
+        self, problem, consts, init, xs, method=None, jacobians=False
+    ) -> tuple[jax.Array, NewtonInfo, Any, Any]:
+        """The certified trajectory: ``(states, info, ys, jac_t)``, ``states[t]`` the packed
+        carry after step ``t``, ``(T, *batch, n)``, the steps' outputs along it and, with
+        ``jacobians``, their transposed Jacobians (else ``None``); each iteration's linear
+        recurrence solved by ``method.forward_scan`` (a Jacobian method; ``None``: the modified
+        Blelloch scan).
 
-        The outputs come from the evaluation that certified the trajectory (and, for the steps
-        after a converged prefix, from the sequential continuation): no evaluation of the steps
-        after the last check."""
+        The outputs and Jacobians come from the evaluation that certified the trajectory (and,
+        for the steps after a converged prefix, from the sequential continuation): no
+        evaluation of the steps after the last check."""
         layout, length = problem.layout, problem.length
         all_steps = problem.all_steps()
         h0 = layout.pack(init)
@@ -198,6 +228,10 @@ class Newton(Forward):
         limit = self.iterations(length)
 
         def evaluate(states):
+            """What the next iteration and the certificate need of ``states``: ``(f, maps,
+            prefix, worst, ys, jac_t)``, ``f`` every step taken from its iterate, ``maps`` the
+            Jacobians the next iteration's scan takes (their diagonals with ``quasi``), ``prefix``
+            the leading steps within the tolerance and ``worst`` their largest residual."""
             before = _shifted(h0, states)
             (after, ys), jac_t = all_steps(consts, _unpack(layout, init, before), xs)
             f = layout.pack(after, stacked=True)
@@ -206,10 +240,12 @@ class Newton(Forward):
             ratio = jnp.where((states == f) & jnp.isfinite(f), 0.0, ratio)
             ok = jnp.all(ratio <= tol, axis=tuple(range(1, ratio.ndim)))
             prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
+            worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
             maps_t = jac_t.diagonal() if self.quasi else jac_t
-            return f, maps_t, before, ok, prefix, ratio, ys
+            return f, maps_t, prefix, worst, ys, (jac_t if jacobians else None)
 
-        def newton_step(states, f, maps_t, before):
+        def newton_step(states, f, maps_t):
+            before = _shifted(h0, states)
             offsets = f - maps_t.transpose().apply(before)
             if method is None:
                 new = _algorithms.blelloch(h0, maps_t.transpose().flip(), offsets[::-1])[::-1]
@@ -224,25 +260,32 @@ class Newton(Forward):
             return ~state[2]
 
         def body(state):
-            k, states, _, last_prefix, _, _ = state
-            f, maps, before, ok, prefix, ratio, ys = evaluate(states)
-            converged = prefix == length
-            stalled = prefix <= last_prefix
-            stop = converged | stalled | (k >= limit)
-            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps, before))
-            worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
-            # On a stop the states stay, and ``ys`` are their outputs.
-            return k + jnp.where(stop, 0, 1), states, stop, prefix, worst, ys
+            k, states, _, last_prefix, _, _, _ = state
+            f, maps, prefix, worst, ys, jac_t = evaluate(states)
+            stop = (prefix == length) | (prefix <= last_prefix) | (k >= limit)
+            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps))
+            # On a stop the states stay, and ``ys`` and ``jac_t`` are theirs.
+            return k + jnp.where(stop, 0, 1), states, stop, prefix, worst, ys, jac_t
 
         # Every step taken from h_0 in parallel, f(h_0, x_t): measured (benchmarks/newton.py,
         # B = 16, float32) to save one iteration against h_0 itself for the RNN (3 -> 2 at
         # initialization; after training 8.0 -> 7.9 at T = 1k, 12.4 -> 10.8 at 10k), the same
         # for the GRU (3), for one evaluation of the steps instead of an iteration's scan.
-        first = evaluate(jnp.broadcast_to(h0, (length, *h0.shape)))
-        guess, ys = first[0], first[-1]
-        start = (jnp.int32(0), guess, jnp.bool_(False), jnp.int32(-1), jnp.zeros((), h0.dtype), ys)
-        k, states, _, prefix, worst, ys = lax.while_loop(cond, body, start)
-        states, ys = _continue_sequentially(problem, consts, init, xs, states, ys, prefix)
+        # (No Jacobians: the loop's first evaluation forms them at this guess; the loop state
+        # starts with zeros in their place.)
+        starts = _unpack(layout, init, jnp.broadcast_to(h0, (length, *h0.shape)))
+        (after, ys), _ = problem.all_steps(jacobians=False)(consts, starts, xs)
+        guess = layout.pack(after, stacked=True)
+        jac_t = None
+        if jacobians:
+            shapes = jax.eval_shape(all_steps, consts, starts, xs)[1]
+            jac_t = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), shapes)
+        zero = jnp.zeros((), h0.dtype)
+        start = (jnp.int32(0), guess, jnp.bool_(False), jnp.int32(-1), zero, ys, jac_t)
+        k, states, _, prefix, worst, ys, jac_t = lax.while_loop(cond, body, start)
+        states, ys, jac_t = _continue_sequentially(
+            problem, consts, init, xs, states, ys, jac_t, prefix
+        )
         info = NewtonInfo(
             iterations=k,
             converged=prefix == length,
@@ -251,7 +294,7 @@ class Newton(Forward):
             residual=worst,
             length=jnp.int32(length),
         )
-        return states, info, ys
+        return states, info, ys, jac_t
 
 
 def _shifted(h0, states):
@@ -264,23 +307,38 @@ def _unpack(layout, init, packed):
     return layout.unpack(packed, init, stacked=True)
 
 
-def _continue_sequentially(problem, consts, init, xs, states, ys, prefix):
-    """``(states, ys)`` with the steps from ``prefix`` on (and their outputs) computed by the
-    step itself, one after the other (none when ``prefix == T``)."""
+def _continue_sequentially(problem, consts, init, xs, states, ys, jac_t, prefix):
+    """``(states, ys, jac_t)`` with the steps from ``prefix`` on (their outputs and, unless
+    ``jac_t`` is ``None``, their Jacobians) computed by the step itself, one after the other
+    (none when ``prefix == T``)."""
     layout, step = problem.layout, problem.body.step
     h0 = layout.pack(init)
+    one_step = problem.all_steps() if jac_t is not None else None
 
     def cond(state):
         return state[0] < problem.length
 
     def body(state):
-        t, h, states, ys = state
+        t, h, states, ys, jac_t = state
         x = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, t, keepdims=False), xs)
-        new, y, *_ = step(layout.unpack_into(h, init), x, *consts)
+        carry = layout.unpack_into(h, init)
+        if jac_t is None:
+            new, y, *_ = step(carry, x, *consts)
+        else:  # the step with its Jacobian, as a stack of one
+            one = jax.tree.map(lambda a: a[None], (carry, x))
+            (new, y), jac = one_step(consts, *one)
+            new, y = jax.tree.map(lambda a: a[0], (new, y))
+            jac_t = jac_t.with_per_step(
+                **{
+                    name: lax.dynamic_update_slice_in_dim(old, jac.per_step()[name], t, axis=0)
+                    for name, old in jac_t.per_step().items()
+                    if old is not None
+                }
+            )
         h = layout.pack(new)
         ys = jax.tree.map(lambda a, v: lax.dynamic_update_index_in_dim(a, v, t, axis=0), ys, y)
-        return t + 1, h, lax.dynamic_update_index_in_dim(states, h, t, axis=0), ys
+        return t + 1, h, lax.dynamic_update_index_in_dim(states, h, t, axis=0), ys, jac_t
 
     h_start = jnp.where(prefix > 0, states[jnp.maximum(prefix - 1, 0)], h0)
-    _, _, states, ys = lax.while_loop(cond, body, (prefix, h_start, states, ys))
-    return states, ys
+    _, _, states, ys, jac_t = lax.while_loop(cond, body, (prefix, h_start, states, ys, jac_t))
+    return states, ys, jac_t

@@ -38,6 +38,9 @@ class ScanPlan:
             than example by example (``None`` until the backward is traced).
         dense_because: for autodiff Jacobians without a structure, why the analysis of the
             body's jaxpr found none (e.g. ``"unknown primitive gather"``).
+        forward_jacobians: whether the backward took the Jacobians of the forward's final
+            trajectory (``bppsa.Newton``'s ``share_jacobians``) instead of forming them
+            (``None`` until the backward is traced).
     """
 
     requested: Any
@@ -50,6 +53,7 @@ class ScanPlan:
     forward_because: str | None = None
     whole_batch: bool | None = None
     dense_because: str | None = None
+    forward_jacobians: bool | None = None
 
 
 @contextlib.contextmanager

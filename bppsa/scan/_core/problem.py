@@ -106,8 +106,9 @@ class Problem:
             return None
         return self.structure.reason
 
-    def all_steps(self) -> Callable:
-        """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps."""
+    def all_steps(self, jacobians: bool = True) -> Callable:
+        """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps
+        (``jac_t`` ``None`` without ``jacobians``)."""
         structure = self.structure
         if structure is not None and structure.kind == "dense":
             structure = None
@@ -119,6 +120,7 @@ class Problem:
             structure=structure,
             check=self.check_structure,
             reverse=self.reverse,
+            jacobians=jacobians,
         )
 
     @functools.cached_property

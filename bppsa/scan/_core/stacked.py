@@ -21,6 +21,7 @@ def steps_with_jacobians(
     structure: Structure | None = None,
     check: bool = False,
     reverse: bool = False,
+    jacobians: bool = True,
 ) -> Callable:
     """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
@@ -39,8 +40,11 @@ def steps_with_jacobians(
     ``check`` (with a ``structure``): also compare the structured Jacobians of a few steps with
     dense ones (:mod:`bppsa.scan._core.structure_check`; ``reverse``: the stack runs from the
     end of ``xs``, for the step it names).
+
+    ``jacobians=False``: the steps alone, ``jac_t`` ``None`` (for a backward given the
+    Jacobians by the forward).
     """
-    check = check and structure is not None and not analytic
+    check = check and jacobians and structure is not None and not analytic
 
     def carry_map_at(consts, carry, x):
         def carry_map(vector):
@@ -50,7 +54,7 @@ def steps_with_jacobians(
 
     def one(consts, carry, x):
         new_carry, y, jac_t = step(carry, x, *consts)
-        if not any(layout.float_mask):  # nothing to differentiate in the carry
+        if not jacobians or not any(layout.float_mask):  # no Jacobians asked, or none to form
             return (new_carry, y), None
         if not analytic:
             carry_map = carry_map_at(consts, carry, x)

@@ -33,7 +33,7 @@ from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.methods.base import Method, require
-from bppsa.scan._core.methods.policy import Policy, as_policy
+from bppsa.scan._core.methods.policy import Policy, as_policy, bytes_allowed
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._precision import Precision
 
@@ -103,11 +103,14 @@ def jacobian_scan(
         precision: of the library's own products (``None``: ``"highest"``), for the
             backward, the tangents and a parallel forward (see :mod:`bppsa.scan._precision`).
     """
-    setup = _Setup(requested, problem, memory_limit, check_finite, plan, precision)
+    setup = _Setup(requested, problem, forward, memory_limit, check_finite, plan, precision)
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
         with setup.library():
+            if setup.shares_jacobians:  # and the steps' Jacobians there, for the backward
+                carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
+                return carry, ys, before, jac_t
             carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
@@ -118,17 +121,31 @@ def jacobian_scan(
 
     def evaluate(consts, init, xs):
         out = run_keep(consts, init, xs)
-        return out, (consts, out[2], xs)  # consts, carries before, xs
+        jac_t = out[3] if len(out) > 3 else None
+        return out, (consts, out[2], xs, jac_t)  # consts, carries before, xs, Jacobians
 
+    def evaluate_without_jacobians(consts, init, xs):
+        out, res = evaluate(consts, init, xs)
+        return out[:3], res
+
+    keep_rule = jvp_rule(  # every output, the shared Jacobians too
+        evaluate,
+        functools.partial(setup.tangents, jacobians=True),
+        setup.cotangents,
+        batched_transpose=setup.batched_cotangents,
+    )
     rule = jvp_rule(
-        evaluate, setup.tangents, setup.cotangents, batched_transpose=setup.batched_cotangents
+        evaluate_without_jacobians,
+        setup.tangents,
+        setup.cotangents,
+        batched_transpose=setup.batched_cotangents,
     )
 
     def run_rule(primals, tangents):
         out, dots = rule(primals, tangents)
         return out[:2], dots[:2]
 
-    run_keep.defjvp(rule)
+    run_keep.defjvp(keep_rule)
     run.defjvp(run_rule)
     return run
 
@@ -139,6 +156,7 @@ class _Setup:
 
     requested: Method | Policy
     problem: Problem
+    forward: Forward
     memory_limit: float | None
     check_finite: bool
     plan: ScanPlan | None
@@ -160,20 +178,43 @@ class _Setup:
         fp = self.problem.footprint
         return self.policy.scan_method(fp, self.memory_limit, jacobians=True)
 
-    def tangents(self, res, lin):
-        """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
-        recurrence, solved in time order by the method's linear scan (float leaves only)."""
-        with self.library():
-            return self._tangents(res, lin)
+    @functools.cached_property
+    def shares_jacobians(self) -> bool:
+        """Whether the forward hands its Jacobians to the backward (decided when a derivative
+        is first traced): where it has them, the backward's method takes them whole, and the
+        memory limit allows the one more stack of Jacobians that the forward's iterations then
+        hold (their state and the next iterate's)."""
+        problem = self.problem
+        if not (
+            self.forward.shares_jacobians
+            and problem.length > 0
+            and problem.differentiable_carry
+            and self.fitted.supports.forward_jacobians
+        ):
+            return False
+        fp = problem.footprint
+        need = self.fitted.memory(fp) + fp.bytes(fp.length * fp.element)
+        return need <= bytes_allowed(self.memory_limit)
 
-    def _tangents(self, res, lin):
-        consts, before, xs = res
+    def tangents(self, res, lin, jacobians=False):
+        """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
+        recurrence, solved in time order by the method's linear scan (float leaves only);
+        with ``jacobians``, where the forward shares its Jacobians, also their tangent
+        ``djac_t`` (the JVP of their builder along the tangent trajectory: what makes outer
+        derivatives through them exact)."""
+        with self.library():
+            return self._tangents(res, lin, jacobians)
+
+    def _tangents(self, res, lin, jacobians):
+        consts, before, xs, given = res
         init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), before)
         dconsts, dinit, dxs = (
             zeros_for_none(t, like) for t, like in zip(lin, (consts, init, xs), strict=True)
         )
         problem, layout = self.problem, self.problem.layout
-        _, f_jvp, jac_t = jax.linearize(problem.all_steps(), consts, before, xs, has_aux=True)
+        steps = problem.all_steps(jacobians=given is None)
+        _, f_jvp, jac_t = jax.linearize(steps, consts, before, xs, has_aux=True)
+        jac_t = jac_t if given is None else given
         dbefore = jax.tree.map(zero_cotangent, before)
         if problem.differentiable_carry:
             method = self.fitted
@@ -187,11 +228,16 @@ class _Setup:
         else:
             dcarry = jax.tree.map(zero_cotangent, init)
         _, dys = f_jvp(dconsts, dbefore, dxs)
-        return floats_only((dcarry, dys, dbefore))
+        if given is None or not jacobians:
+            return floats_only((dcarry, dys, dbefore))
+        _, djac_t = jax.jvp(
+            _jacobians_of(problem.all_steps()), (consts, before, xs), (dconsts, dbefore, dxs)
+        )
+        return floats_only((dcarry, dys, dbefore, djac_t))
 
     def cotangents(self, res, cts):
-        """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)``
-        (``None`` where none arrives): the method's backward."""
+        """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)`` (and
+        of the shared Jacobians; ``None`` where none arrives): the method's backward."""
         with self.library():
             return self._backward(self.problem, self.fitted, res, cts)
 
@@ -206,10 +252,12 @@ class _Setup:
             return self._batched_cotangents(res, res_axes, cts, lin_axes)
 
     def _batched_cotangents(self, res, res_axes, cts, lin_axes):
-        consts, before, xs = res
-        const_axes, before_axes, xs_axes = res_axes
+        consts, before, xs, jac_t = res
+        const_axes, before_axes, xs_axes, jac_axes = res_axes
         const_lin_axes, init_lin_axes, xs_lin_axes = lin_axes
         if self.check_finite or _any_batched(const_axes) or _any_batched(const_lin_axes):
+            return None
+        if len(cts) > 3 and not _all_none(cts[3]):  # an outer derivative of the Jacobians
             return None
         method = self.fitted
         if not method.supports.whole_batch:
@@ -225,13 +273,23 @@ class _Setup:
             _map_axes(time_major, axes, tree)
             for axes, tree in ((before_axes, before), (xs_axes, xs))
         )
-        ct_carry, ct_ys, ct_before = cts
+        if jac_t is not None:  # per-step fields (T, B, ...) as the batched problem forms them
+            if _any_batched(_shared_fields(jac_axes)):
+                return None
+            jac_t = jac_t.with_per_step(
+                **{
+                    name: time_major(a, jac_axes.per_step()[name])
+                    for name, a in jac_t.per_step().items()
+                    if a is not None
+                }
+            )
+        ct_carry, ct_ys, ct_before = cts[:3]
         ct_ys, ct_before = (
             jax.tree.map(_batch_first, t, is_leaf=_none) for t in (ct_ys, ct_before)
         )
         problem = self.problem.batched_problem()
         ct_consts, ct_init, ct_xs = self._backward(
-            problem, method, (consts, before, xs), (ct_carry, ct_ys, ct_before)
+            problem, method, (consts, before, xs, jac_t), (ct_carry, ct_ys, ct_before)
         )
         ct_xs = jax.tree.map(_batch_first, ct_xs, is_leaf=_none)
 
@@ -245,9 +303,17 @@ class _Setup:
         return ct_consts, ct_init, ct_xs
 
     def _backward(self, problem, method, res, cts):
-        consts, before, xs = res
+        consts, before, xs, jac_t = res
         layout = problem.layout
-        ct_carry, ct_ys, ct_before = cts
+        ct_carry, ct_ys, ct_before = cts[:3]
+        extra = None
+        if len(cts) > 3 and not _all_none(cts[3]):
+            # An outer derivative of the shared Jacobians: the VJP of their builder, whose
+            # cotangent of the carries joins theirs.
+            all_steps = problem.all_steps()
+            _, jac_vjp = jax.vjp(_jacobians_of(all_steps), consts, before, xs)
+            extra = jac_vjp(zeros_for_none(cts[3], jac_t))
+            ct_before = _add(ct_before, extra[1])
         if _all_none(ct_before):
             ct_ys = None if _all_none(ct_ys) else ct_ys
         else:  # an outer derivative of the carries themselves: they become outputs too
@@ -266,12 +332,39 @@ class _Setup:
         g_last = layout.pack(zeros_for_none(ct_carry, init_shape))
         if self.plan is not None:
             self.plan.backward, self.plan.whole_batch = method, problem.batched
+            self.plan.forward_jacobians = jac_t is not None
+        given = {} if jac_t is None else {"jacobians": jac_t}
         g_first, ct_consts, ct_xs, flags = method.backward(
-            problem, consts, before, xs, g_last, ct_ys, check=self.check_finite
+            problem, consts, before, xs, g_last, ct_ys, check=self.check_finite, **given
         )
         if self.check_finite:
             debug.report(flags, g_last, problem.reverse)
+        if extra is not None:
+            ct_consts, ct_xs = _add(ct_consts, extra[0]), _add(ct_xs, extra[2])
         return floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
+
+
+def _jacobians_of(all_steps):
+    """``(consts, carries_before, xs) -> jac_t``: the Jacobians ``all_steps`` forms."""
+    return lambda consts, before, xs: all_steps(consts, before, xs)[1]
+
+
+def _add(a, b):
+    """Leafwise sum of two cotangent trees (``None`` in ``a``: ``b``'s; ``float0``: kept)."""
+
+    def add(x, y):
+        if x is None:
+            return y
+        if y is None or y.dtype == jax.dtypes.float0:
+            return x
+        return x + y
+
+    return jax.tree.map(add, a, b, is_leaf=_none)
+
+
+def _shared_fields(axes) -> list:
+    """The batch axes of a map stack's shared fields (see ``MapStack.shared``)."""
+    return list(axes.shared().values())
 
 
 def _none(x) -> bool:

@@ -41,12 +41,17 @@ class Supports:
             forward in time (:meth:`Method.forward_scan`).
         whole_batch: a ``jax.vmap`` batch as an axis of the arrays of one backward (maps and
             cotangents with a batch axis after the step axis), rather than example by example.
+        forward_jacobians: the Jacobians of all steps from the forward (``jacobians=`` of
+            :meth:`Method.backward`: the Newton forward's last evaluation has them), instead of
+            forming them again. Methods that back-propagate a part of the steps at a time to
+            bound their memory (``Blocked``, ``Sharded``) form their own.
     """
 
     layers: bool = False
     complex_carry: bool = False
     tangents: bool = True
     whole_batch: bool = True
+    forward_jacobians: bool = True
 
 
 WHAT = {
@@ -102,19 +107,32 @@ class Method(abc.ABC):
         return None
 
     def backward(
-        self, problem: Problem, consts, carries_before, xs, g_last: Array, ct_ys, *, check: bool
+        self,
+        problem: Problem,
+        consts,
+        carries_before,
+        xs,
+        g_last: Array,
+        ct_ys,
+        *,
+        check: bool,
+        jacobians: MapStack | None = None,
     ) -> tuple[Array, Any, Any, Array | None]:
         """Back-propagates ``g_last`` through all steps of ``problem``: evaluates all steps at
         once (their Jacobians and VJP), scans, and takes the VJP
         (:func:`bppsa.scan._core.backward.span_backward`). Overridden by methods that run it
         otherwise (in time blocks, across devices).
 
+        ``jacobians``: the steps' transposed Jacobians at ``carries_before``, where the forward
+        has them (only given to a method whose ``supports.forward_jacobians``); the evaluation
+        then forms no Jacobians.
+
         Returns:
             ``(g_0, ct_consts, ct_xs, flags)`` (``flags``: see :mod:`bppsa.scan._core.debug`).
         """
         return backward.span_backward(
             self.scan,
-            problem.all_steps(),
+            problem.all_steps(jacobians=jacobians is None),
             problem.layout,
             consts,
             check,
@@ -122,6 +140,7 @@ class Method(abc.ABC):
             xs,
             g_last,
             ct_ys,
+            jacobians,
         )
 
     def forward_for(self, forward: Forward) -> Forward:

@@ -7,7 +7,7 @@ import functools
 from typing import ClassVar
 
 from bppsa.scan._core import backward, cost
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, Supports
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 BLOCK = 1024  # the default block: the memory guard's fallback block on both profiles
@@ -33,6 +33,8 @@ class Blocked(Method):
     method: Method = SEQUENTIAL_SCAN
     block: int = BLOCK
     name: ClassVar[str] = "blocked"
+    # One block's Jacobians at a time, to bound memory: it forms them block by block.
+    supports: ClassVar[Supports] = Supports(forward_jacobians=False)
 
     def __post_init__(self):
         method = self.method

@@ -86,7 +86,8 @@ class Sharded(Method):
     forward: str = "replicated"
     name: ClassVar[str] = "sharded"
     # Each example's slices are sharded on their own; the tangents run on one device.
-    supports: ClassVar[Supports] = Supports(whole_batch=False)
+    # Every device forms the Jacobians of its own slice of the steps.
+    supports: ClassVar[Supports] = Supports(whole_batch=False, forward_jacobians=False)
 
     def __post_init__(self):
         if self.mesh is None:
