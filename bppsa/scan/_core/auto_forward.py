@@ -179,7 +179,7 @@ class AutoForward(Forward):
 
     Example:
         >>> bppsa.AutoForward().choose(10_000, 20, "gpu", batch=16)
-        Newton(max_iterations=64, tol=None, quasi=False, solver=Blelloch())
+        Newton(max_iterations=64, tol=None, quasi=False, solver=Blelloch(), share_jacobians=True)
         >>> bppsa.AutoForward().choose(10_000, 20, "cpu", batch=16)
         'sequential'
     """
