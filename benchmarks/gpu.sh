@@ -16,8 +16,8 @@
 #   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
 #      T = 2048, B = 8: BP, Auto, Auto with the Newton forward, on the synthetic corpus):
 #      char_lm_gpu/
-#   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py):
-#      newton_gpu.jsonl
+#   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
+#      and quasi-Newton's forward on a dense autodiff GRU: newton_gpu.jsonl
 #   7. why a standalone lax.scan forward runs slower than the one inside a gradient
 #      (benchmarks/forward_programs.py, at XLA's defaults and with every loop body a CUDA graph):
 #      forward_programs_gpu.json, forward_programs_graphs_gpu.json
@@ -167,6 +167,14 @@ newton_args=(--require-backend gpu --cases rnn-init rnn-trained gru-irmas --dtyp
 ((dry)) && newton_args=(--cases rnn-init --dry-run --timing --timing-cases rnn-init gru-irmas
     --timing-batches 2 1)
 step newton 60 30 python3 -m benchmarks.newton "${newton_args[@]}" \
+    --out "$results/newton_gpu.jsonl"
+
+# 6b. Quasi-Newton's forward on a dense autodiff GRU (the diagonals from its element-aligned
+# paths, O(H) per step beyond the cell) against lax.scan, T = 4096, B = 8, H = 256 and 1024.
+dense_args=(--require-backend gpu --cases --dense-quasi 256 4096 8 --dense-quasi 1024 4096 8
+    --rounds 3)
+((dry)) && dense_args=(--cases --dry-run --dense-quasi 8 16 2)
+step dense_quasi 30 15 python3 -m benchmarks.newton "${dense_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
 # 7. The forward as each program compiles it, at XLA's defaults and with every while body a

@@ -23,7 +23,10 @@ T from 100 to 100k, in float32 and float64, every example of a batch separately:
   forward of ``jax.vjp``, as it runs inside the gradient) and ``backward`` (its pullback on saved
   residuals), float32, every program timed round by round right after an untimed call of itself
   (:func:`timing.time_gradients`), median (``*_ms``) and minimum (``*_min_ms``); the row says
-  ``"backward": "pullback"``.
+  ``"backward": "pullback"``;
+* with ``--dense-quasi H T B``: quasi-Newton's forward on a dense autodiff GRU (its gates'
+  weights stacked, no analytic Jacobian: the diagonals from its element-aligned paths) against
+  ``lax.scan``, interleaved, with its iterations.
 
 Rows are appended to a JSON-lines file as they finish (``--out``; a rerun skips the rows it
 finds). Run: ``.venv/bin/python -m benchmarks.newton [--quick] [--timing]``; on a GPU,
@@ -48,7 +51,7 @@ import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
 from results_io import PULLBACK, JsonLines
-from timing import GradientPrograms, ms_fields, time_gradients, timed
+from timing import GradientPrograms, interleaved, ms_fields, time_gradients, timed
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
 QUICK_T = (100, 1_000)
@@ -248,11 +251,56 @@ def timing_row(length: int, rounds: int, name: str = "rnn-init", batch: int | No
     return row
 
 
+def dense_gru(hidden: int, inputs: int, key=None):
+    """A GRU written as a user writes one (gates' weights stacked, no analytic Jacobian): its
+    Jacobians are dense autodiff ones, whose diagonals quasi-Newton gets from the cell's
+    element-aligned paths (``bppsa/scan/_core/diagonal_paths.py``)."""
+    params = GRU().init(inputs, hidden, key=key if key is not None else jax.random.key(0))
+
+    def cell(params, h, x):
+        gi = params["weight_ih"] @ x + params["bias_ih"]
+        gh = params["weight_hh"] @ h + params["bias_hh"]
+        r = jax.nn.sigmoid(gi[:hidden] + gh[:hidden])
+        z = jax.nn.sigmoid(gi[hidden : 2 * hidden] + gh[hidden : 2 * hidden])
+        n = jnp.tanh(gi[2 * hidden :] + r * gh[2 * hidden :])
+        return (1 - z) * n + z * h
+
+    return cell, params
+
+
+def dense_quasi_row(hidden: int, length: int, batch: int, rounds: int) -> dict:
+    """Wall-clock of the forward of a dense autodiff GRU: ``lax.scan`` against quasi-Newton
+    (each iteration ``O(H)`` per step beyond the cell), interleaved, with its iterations."""
+    cell, params = dense_gru(hidden, 24)
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    xs = jax.random.normal(jax.random.key(1), (batch, length, 24), jnp.float32)
+    infos = []
+    newton = bppsa.Newton(quasi=True, callback=infos.append)
+    body = lambda h, x: (cell(params, h, x), None)  # noqa: E731
+    h0 = jnp.zeros(hidden, jnp.float32)
+    quasi = jax.jit(jax.vmap(lambda xs: bppsa.scan(body, h0, xs, forward=newton)[0]))
+    reference = jax.jit(jax.vmap(lambda xs: jax.lax.scan(body, h0, xs)[0]))
+    difference = float(jnp.max(jnp.abs(quasi(xs) - reference(xs))))
+    calls = {
+        "lax_scan": functools.partial(reference, xs),
+        "newton_quasi": functools.partial(quasi, xs),
+    }
+    times = interleaved(calls, rounds)
+    iterations = [int(np.max(info.iterations)) for info in infos]
+    row = {"case": "dense-quasi", "cell": "gru-autodiff", "H": hidden, "T": length, "B": batch}
+    row |= {"dtype": "float32", "rounds": rounds, "iterations_max": max(iterations)}
+    row |= {"converged": bool(np.all(infos[-1].converged)), "difference": difference}
+    row |= ms_fields(times)
+    row["newton_quasi_over_lax_scan_median"] = row["newton_quasi_ms"] / row["lax_scan_ms"]
+    return row
+
+
 def _done(log: JsonLines) -> set:
     """The configurations a log already has rows for."""
     return {
         (row["case"], row["T"], row["dtype"], row.get("quasi", False), row.get("B"))
         + ((row.get("cell", "rnn-init"),) if row["case"] == "timing" else ())
+        + ((row["H"],) if row["case"] == "dense-quasi" else ())
         for row in log.read()
     }
 
@@ -262,7 +310,7 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help=f"T in {QUICK_T} only")
     parser.add_argument("--timing", action="store_true", help="also time the forward")
     parser.add_argument("--rounds", type=int, default=7, help="timing rounds (default 7)")
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="*", choices=CASES, default=list(CASES))
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--lengths", nargs="+", type=int, help="T grid (default: the full one)")
     parser.add_argument("--timing-lengths", nargs="+", type=int, default=list(TIMING_T))
@@ -273,6 +321,14 @@ def main(argv=None) -> None:
         "--timing-batches", nargs="+", type=int, help="B of the timing rows (default: 16 to 10k)"
     )
     parser.add_argument("--batch", type=int, help="examples per row (default: 16 up to T = 10k)")
+    parser.add_argument(
+        "--dense-quasi",
+        nargs=3,
+        type=int,
+        action="append",
+        metavar=("H", "T", "B"),
+        help="also time quasi-Newton's forward on a dense autodiff GRU (repeatable)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes: checks the code path")
     parser.add_argument("--require-backend", help="stop at once unless JAX runs on this backend")
     parser.add_argument("--out", type=pathlib.Path, default=None, help="JSON-lines results")
@@ -321,6 +377,12 @@ def main(argv=None) -> None:
                     row = timing_row(length, args.rounds, name, batch)
                     log.append(row)
                     print(row, flush=True)
+    for hidden, length, batch in args.dense_quasi or []:
+        if ("dense-quasi", length, "float32", False, batch, hidden) in done:
+            continue
+        row = dense_quasi_row(hidden, length, batch, args.rounds)
+        log.append(row)
+        print(row, flush=True)
 
 
 def _summary(row: dict) -> str:

@@ -230,6 +230,11 @@ def test_dry_run_also_runs_the_newton_benchmark(dry_run):
             assert all(timing[f"{gradient}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
         assert timing["auto_forward"] in ("'sequential'",) or "Newton(" in timing["auto_forward"]
         assert timing["auto_forward_because"] and timing["newton_iterations_max"] >= 1
+    # Quasi-Newton on a dense autodiff GRU against lax.scan (H = 256 and 1024 on the GPU).
+    (dense,) = [r for r in rows if r["case"] == "dense-quasi"]
+    assert (dense["H"], dense["T"], dense["B"]) == (8, 16, 2) and dense["converged"]
+    assert dense["difference"] < 1e-4 and dense["newton_quasi_ms"] > 0 < dense["lax_scan_ms"]
+    assert "--dense-quasi 256 4096 8 --dense-quasi 1024 4096 8" in SCRIPT.read_text()
 
 
 def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):

@@ -38,17 +38,17 @@ class Forward(abc.ABC):
             where ``carries_before[t]`` is the carry that entered step ``t``.
         """
 
-    @property
-    def shares_jacobians(self) -> bool:
-        """Whether :meth:`with_jacobians` hands the backward the steps' Jacobians (a forward
-        that formed them at its final trajectory), so that it does not form them again."""
+    def shares_jacobians(self, problem: Problem) -> bool:
+        """Whether :meth:`with_jacobians` hands the backward the Jacobians of ``problem``'s
+        steps (a forward that formed them at its final trajectory), so that it does not form
+        them again."""
         return False
 
     def with_jacobians(self, problem: Problem, consts: list, init: Any, xs: Any):
         """``(final carry, (ys, carries_before, jac_t))``: what ``keep=True`` returns, and the
         steps' transposed Jacobians at ``carries_before`` as
         :meth:`bppsa.scan._core.problem.Problem.all_steps` forms them (only called where
-        :attr:`shares_jacobians`)."""
+        :meth:`shares_jacobians`)."""
         raise NotImplementedError(f"{self!r} does not keep the Jacobians of its steps.")
 
 

@@ -97,7 +97,10 @@ class Newton(Forward):
             step exact in exact arithmetic).
         tol: residual tolerance relative to the states (``None``: 64 x the dtype's epsilon).
         quasi: use only the diagonals of the Jacobians (elementwise scans: cheaper iterations,
-            more of them).
+            more of them). For a cell whose Jacobians are dense, the diagonals come from its
+            element-aligned paths, ``O(n)`` per step instead of forming ``n x n`` Jacobians
+            (exact for Elman, GRU and LSTM cells, an approximation the certificate tolerates
+            elsewhere: :mod:`bppsa.scan._core.diagonal_paths`).
         solver: the method whose linear scan solves each iteration's recurrence, or a policy
             that picks it per scan (a method name works too); ``None``: ``bppsa.Auto()``'s
             pick for a scan over these Jacobians on the default device (a parallel scan on
@@ -178,9 +181,14 @@ class Newton(Forward):
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
 
-    @property
-    def shares_jacobians(self) -> bool:
-        return self.share_jacobians
+    def shares_jacobians(self, problem) -> bool:
+        # quasi-Newton on a dense autodiff cell forms only the diagonals (cheap_diagonals)
+        return self.share_jacobians and not self.cheap_diagonals(problem)
+
+    def cheap_diagonals(self, problem) -> bool:
+        """Whether the iterations form only the diagonals of the Jacobians (``quasi`` on a
+        cell whose Jacobians are dense: see :mod:`bppsa.scan._core.diagonal_paths`)."""
+        return self.quasi and problem.quasi_structure is not None
 
     def __call__(self, problem, consts, init, xs, *, keep):
         return self._run(problem, consts, init, xs, keep=keep, jacobians=False)
@@ -222,7 +230,7 @@ class Newton(Forward):
         for the steps after a converged prefix, from the sequential continuation): no
         evaluation of the steps after the last check."""
         layout, length = problem.layout, problem.length
-        all_steps = problem.all_steps()
+        all_steps = problem.all_steps(quasi=self.quasi)
         h0 = layout.pack(init)
         tol = self.tolerance(layout.dtype)
         limit = self.iterations(length)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from bppsa.scan._core import arguments, tracing
 from bppsa.scan._core.body import Body, trace_body
 from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, unstacked
+from bppsa.scan._core.diagonal_paths import diagonal
 from bppsa.scan._core.memory import Footprint, footprint
 from bppsa.scan._core.stacked import steps_with_jacobians
 from bppsa.scan._core.structure import Structure, carry_structure
@@ -106,9 +107,28 @@ class Problem:
             return None
         return self.structure.reason
 
-    def all_steps(self, jacobians: bool = True) -> Callable:
+    @functools.cached_property
+    def quasi_structure(self) -> Structure | None:
+        """For an autodiff body with dense Jacobians: the structure of the derivative of its
+        element-aligned paths (:mod:`bppsa.scan._core.diagonal_paths`), if diagonal or
+        block-diagonal; then quasi-Newton gets the diagonals of the Jacobians from a VJP per
+        colour of that. ``None`` elsewhere (analytic or structured Jacobians are cheap to form
+        whole; a derivative that moves elements gets the dense one's diagonal)."""
+        if self.body.analytic or self.structure.kind != "dense":
+            return None
+        x = jax.tree.map(unstacked, self.xs)
+        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
+
+        def aligned(carry, x, *consts):
+            return diagonal(lambda c: self.body.step(c, x, *consts)[0])(carry)
+
+        structure = carry_structure(aligned, self.init, x, *consts)
+        return None if structure.kind == "dense" else structure
+
+    def all_steps(self, jacobians: bool = True, quasi: bool = False) -> Callable:
         """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps
-        (``jac_t`` ``None`` without ``jacobians``)."""
+        (``jac_t`` ``None`` without ``jacobians``; with ``quasi``, only their diagonals where
+        :attr:`quasi_structure` gives them cheaply, else whole)."""
         structure = self.structure
         if structure is not None and structure.kind == "dense":
             structure = None
@@ -121,6 +141,7 @@ class Problem:
             check=self.check_structure,
             reverse=self.reverse,
             jacobians=jacobians,
+            diagonal=self.quasi_structure if quasi and jacobians else None,
         )
 
     @functools.cached_property

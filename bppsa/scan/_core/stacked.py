@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import jax
 
-from bppsa.scan._core import structure_check
+from bppsa.scan._core import diagonal_paths, structure_check
 from bppsa.scan._core.carry import Layout, unstacked
 from bppsa.scan._core.structure import Structure, coloured_jacobian_t
 from bppsa.scan._elements import Dense
@@ -22,6 +22,7 @@ def steps_with_jacobians(
     check: bool = False,
     reverse: bool = False,
     jacobians: bool = True,
+    diagonal: Structure | None = None,
 ) -> Callable:
     """``(consts, carries_before, xs) -> ((carries_after, ys), jac_t)`` over all steps at once.
 
@@ -43,6 +44,10 @@ def steps_with_jacobians(
 
     ``jacobians=False``: the steps alone, ``jac_t`` ``None`` (for a backward given the
     Jacobians by the forward).
+
+    ``diagonal`` (for quasi-Newton, an autodiff step without a ``structure``): only the
+    diagonals of the Jacobians, from the step's element-aligned paths
+    (:mod:`bppsa.scan._core.diagonal_paths`), whose derivative has this structure.
     """
     check = check and jacobians and structure is not None and not analytic
 
@@ -59,7 +64,10 @@ def steps_with_jacobians(
         if not analytic:
             carry_map = carry_map_at(consts, carry, x)
             point = layout.pack(carry)
-            if structure is None:
+            if diagonal is not None:
+                aligned = diagonal_paths.diagonal(carry_map)
+                jac_t = coloured_jacobian_t(aligned, point, diagonal).diagonal()
+            elif structure is None:
                 jac_t = Dense(jax.jacrev(carry_map)(point).T)
             else:
                 jac_t = coloured_jacobian_t(carry_map, point, structure)

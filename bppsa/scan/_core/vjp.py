@@ -186,7 +186,7 @@ class _Setup:
         hold (their state and the next iterate's)."""
         problem = self.problem
         if not (
-            self.forward.shares_jacobians
+            self.forward.shares_jacobians(problem)
             and problem.length > 0
             and problem.differentiable_carry
             and self.fitted.supports.forward_jacobians
