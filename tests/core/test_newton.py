@@ -11,6 +11,7 @@ import pytest
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.problem import prepare
 from tests.helpers import NEWTON_RTOL, assert_trees_close, spread
 
 H, I = 5, 2
@@ -199,6 +200,17 @@ def test_newton_solves_with_its_own_solver_not_the_backwards_method(x64, method)
     run = jax.jit(lambda xs: bppsa.scan(body, init, xs, forward=bppsa.Newton(), method=method))
     assert_trees_close(run(xs), jax.lax.scan(body, init, xs), jnp.float64)
     assert _CountingScan.lengths == []
+
+
+def test_the_plan_shows_the_solver_a_newton_forward_picked(x64):
+    body, init = _cells(jnp.float64)["gru"]
+    xs = _xs(13, jnp.float64)
+    with bppsa.trace_plans() as plans:
+        bppsa.scan(body, init, xs, forward="newton")
+        bppsa.scan(body, init, xs, forward=bppsa.Newton(quasi=True, solver="blelloch"))
+    fp = prepare(body, init, xs, None, reverse=False, batch=None)[0].footprint
+    assert plans[0].forward == bppsa.Newton(solver=bppsa.Auto().scan_method(fp, jacobians=True))
+    assert plans[1].forward == bppsa.Newton(quasi=True, solver=bppsa.Blelloch())
 
 
 def test_the_default_solver_is_autos_pick_for_the_device():

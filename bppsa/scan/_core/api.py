@@ -8,6 +8,7 @@ and carry out the backward (:mod:`~bppsa.scan._core.methods`), and the forward s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -18,6 +19,7 @@ from bppsa.scan._core import plans, vjp
 from bppsa.scan._core.auto_forward import AutoForward, choose_forward, scan_key
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
+from bppsa.scan._core.newton import Newton
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._precision import Precision
@@ -151,6 +153,9 @@ def scan(
         forward, forward_because = choose_forward(
             as_policy(requested), problem.footprint, concrete, key=key, limit=options.memory_limit
         )
+    elif isinstance(forward, Newton) and forward.solver is None and _solvable(problem):
+        # The solver it would pick when it runs, picked here so that the plan shows it.
+        forward = dataclasses.replace(forward, solver=forward.solver_for(problem.footprint))
     plan = plans.record(
         requested=requested,
         method=concrete,
@@ -177,6 +182,12 @@ def scan(
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys
+
+
+def _solvable(problem) -> bool:
+    """Whether a Newton forward solves for this scan's carry (else it runs lax.scan or refuses
+    the carry, with no solver to pick)."""
+    return problem.length > 0 and problem.differentiable_carry and all(problem.layout.float_mask)
 
 
 def estimate_memory(
