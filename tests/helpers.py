@@ -180,6 +180,14 @@ def cell_loss(cell, scan, where):
     return loss
 
 
+def compiled_flops(fn, *args) -> float:
+    """XLA's count of the floating-point operations of ``fn`` compiled for ``args`` (a loop's
+    body counted once): deterministic, unlike a timing."""
+    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis
+    return float(analysis["flops"])
+
+
 def assert_path(plans, method, jacobians="analytic") -> None:
     """Asserts what the scans traced under ``bppsa.trace_plans()`` ran: the concrete ``method``
     (also for the backward pass, unless it is plain ``lax.scan``) and the Jacobians' kind."""

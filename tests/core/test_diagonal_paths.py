@@ -13,7 +13,7 @@ from bppsa.scan._core import problem as problem_module
 from bppsa.scan._core.diagonal_paths import diagonal
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._core.structure import coloured_jacobian_t
-from tests.helpers import assert_trees_close
+from tests.helpers import assert_trees_close, compiled_flops
 
 H, I = 6, 3
 
@@ -147,12 +147,6 @@ def test_quasi_newton_on_dense_cells_is_certified_and_exact(x64, monkeypatch, na
         assert _newton(name) == (iterations, True)
 
 
-def _flops(fn, *args) -> float:
-    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, list) else analysis
-    return float(analysis["flops"])
-
-
 def test_an_iteration_costs_far_less_than_forming_dense_jacobians(x64, monkeypatch):
     # XLA's count of the compiled forward (its loop body counted once): the GRU at H = 32
     # forms no (H, H) Jacobians, only diagonals.
@@ -160,6 +154,6 @@ def test_an_iteration_costs_far_less_than_forming_dense_jacobians(x64, monkeypat
     xs = _xs(64)
     newton = bppsa.Newton(quasi=True)
     run = lambda xs: bppsa.scan(body, init, xs, forward=newton)
-    cheap = _flops(lambda xs: run(xs), xs)
+    cheap = compiled_flops(lambda xs: run(xs), xs)
     monkeypatch.setattr(problem_module.Problem, "quasi_structure", property(lambda p: None))
-    assert 10 * cheap < _flops(lambda xs: run(xs), xs)
+    assert 10 * cheap < compiled_flops(lambda xs: run(xs), xs)

@@ -12,7 +12,7 @@ import bppsa
 from bppsa.scan._core import backward
 from bppsa.scan._core.problem import prepare
 from tests.core.test_newton import _cells, _info_recorder, _xs
-from tests.helpers import assert_trees_close, spread
+from tests.helpers import assert_trees_close, compiled_flops, spread
 
 NAMES = ("rnn", "gru", "lstm", "autodiff")
 WHOLE = [bppsa.Blelloch(), bppsa.SequentialScan(), bppsa.Chunked(3)]
@@ -81,12 +81,6 @@ def test_outer_derivatives_through_the_shared_jacobians_are_exact(x64, given, ou
     assert given and all(given)
 
 
-def _flops(fn, *args) -> float:
-    analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
-    analysis = analysis[0] if isinstance(analysis, list) else analysis
-    return float(analysis["flops"])
-
-
 def test_the_backward_forms_no_jacobians_of_its_own(x64):
     # XLA's count of the compiled gradient: sharing removes (nearly) all the work of forming
     # the Jacobians of all steps once (counted by compiling that alone).
@@ -98,12 +92,12 @@ def test_the_backward_forms_no_jacobians_of_its_own(x64):
     def grad_flops(share):
         newton = bppsa.Newton(share_jacobians=share)
         scan = lambda xs: bppsa.scan(cell, jnp.zeros(h), xs, method="blelloch", forward=newton)
-        return _flops(jax.grad(lambda xs: jnp.sum(scan(xs)[1])), xs)
+        return compiled_flops(jax.grad(lambda xs: jnp.sum(scan(xs)[1])), xs)
 
     problem, _ = prepare(cell, jnp.zeros(h), xs, None, reverse=False, batch=None)
     before, consts = jnp.zeros((length, h)), problem.body.consts
-    with_jacobians = _flops(lambda b, x: problem.all_steps()(consts, b, x), before, xs)
-    steps_alone = _flops(lambda b, x: problem.all_steps(False)(consts, b, x)[0], before, xs)
+    with_jacobians = compiled_flops(lambda b, x: problem.all_steps()(consts, b, x), before, xs)
+    steps_alone = compiled_flops(lambda b, x: problem.all_steps(False)(consts, b, x)[0], before, xs)
     saved = grad_flops(False) - grad_flops(True)
     assert saved >= 0.9 * (with_jacobians - steps_alone), (saved, with_jacobians, steps_alone)
 

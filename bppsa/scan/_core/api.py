@@ -153,7 +153,7 @@ def scan(
         forward, forward_because = choose_forward(
             as_policy(requested), problem.footprint, concrete, key=key, limit=options.memory_limit
         )
-    elif isinstance(forward, Newton) and forward.solver is None and _solvable(problem):
+    elif isinstance(forward, Newton) and forward.solver is None and forward.iterates(problem):
         # The solver it would pick when it runs, picked here so that the plan shows it.
         forward = dataclasses.replace(forward, solver=forward.solver_for(problem.footprint))
     plan = plans.record(
@@ -182,12 +182,6 @@ def scan(
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys
-
-
-def _solvable(problem) -> bool:
-    """Whether a Newton forward solves for this scan's carry (else it runs lax.scan or refuses
-    the carry, with no solver to pick)."""
-    return problem.length > 0 and problem.differentiable_carry and all(problem.layout.float_mask)
 
 
 def estimate_memory(

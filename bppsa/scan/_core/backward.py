@@ -51,11 +51,12 @@ def linearize_steps(
         w.r.t. the carries is needed); ``vjp((carry_cotangents, ct_ys)) -> (ct_consts, ct_xs)``;
         ``ct_ys`` with zeros filled in.
     """
-    given = jac_t
     if ct_ys is None:
-        (carries_after, ys), vjp, jac_t = vjp_without_carries(all_steps, consts, carries_before, xs)
-        return (jac_t if given is None else given), None, vjp, jax.tree.map(zero_cotangent, ys)
-    (carries_after, _), vjp_all, jac_t = jax.vjp(
+        (carries_after, ys), vjp, formed = vjp_without_carries(
+            all_steps, consts, carries_before, xs
+        )
+        return (formed if jac_t is None else jac_t), None, vjp, jax.tree.map(zero_cotangent, ys)
+    (carries_after, _), vjp_all, formed = jax.vjp(
         all_steps, consts, carries_before, xs, has_aux=True
     )
     _, from_ys, _ = vjp_all((jax.tree.map(zero_cotangent, carries_after), ct_ys))
@@ -64,7 +65,7 @@ def linearize_steps(
         ct_consts, _, ct_xs = vjp_all(cts)
         return ct_consts, ct_xs
 
-    jac_t = jac_t if given is None else given
+    jac_t = formed if jac_t is None else jac_t
     return jac_t, layout.pack(from_ys, stacked=True), vjp, ct_ys
 
 

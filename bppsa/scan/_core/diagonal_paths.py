@@ -1,4 +1,4 @@
-"""The diagonal of a dense cell's Jacobian in one JVP: its element-aligned paths.
+"""The diagonal of a dense cell's Jacobian without forming it: its element-aligned paths.
 
 Quasi-Newton (``bppsa.Newton(quasi=True)``) needs only the diagonal of every step's Jacobian
 ``d h_t / d h_{t-1}``. For a cell whose Jacobian is dense, forming it costs ``n`` products with
@@ -90,23 +90,30 @@ def _run(jaxpr, consts, args, tracked) -> tuple[list, list]:
 def _apply(eqn, ins, deps) -> tuple[list, list]:
     name = eqn.primitive.name
     if not any(deps) or name in ALIGNED:
-        outs = eqn.primitive.bind(*ins, **eqn.params)
-        outs = outs if eqn.primitive.multiple_results else [outs]
-        return list(outs), [any(deps)] * len(outs)
+        outs = _bind(eqn, ins)
+        return outs, [any(deps)] * len(outs)
     if name in CALLS:
         jaxpr, consts = _called(eqn)
         if name == "custom_jvp_call" and _aligned(jaxpr):  # keep its own derivative rule
-            outs = eqn.primitive.bind(*ins, **eqn.params)
-            return list(outs), [True] * len(outs)
+            outs = _bind(eqn, ins)
+            return outs, [True] * len(outs)
         return _run(jaxpr, consts, ins, deps)  # its operations cut one by one
     if name == "dot_general":
         return [_dot_general(eqn, ins, deps)], [True]
     # Anything else mixes elements (or is not understood): evaluated without the derivative.
-    outs = eqn.primitive.bind(
-        *[lax.stop_gradient(x) if d else x for x, d in zip(ins, deps)], **eqn.params
-    )
-    outs = outs if eqn.primitive.multiple_results else [outs]
-    return list(outs), [False] * len(outs)
+    outs = _bind(eqn, _cut(ins, deps))
+    return outs, [False] * len(outs)
+
+
+def _bind(eqn, ins) -> list:
+    """The equation's primitive applied to ``ins``, its outputs as a list."""
+    outs = eqn.primitive.bind(*ins, **eqn.params)
+    return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def _cut(ins, deps) -> list:
+    """``ins`` with the carry-dependent ones (``deps``) cut from the derivative."""
+    return [lax.stop_gradient(x) if d else x for x, d in zip(ins, deps, strict=True)]
 
 
 def _called(eqn) -> tuple[Any, Any]:
@@ -129,8 +136,7 @@ def _dot_general(eqn, ins, deps):
     diagonal: ``W`` of ``m = k n`` rows (``k`` gates stacked) by the ``n`` elements of ``u``
     pairs output element ``i`` with element ``i mod n`` of ``u``, ``d_i = W[i, i mod n]``, and
     the term is ``d`` times ``k`` copies of ``u`` (for ``k = 1`` simply ``diag(W) * u``)."""
-    cut = [lax.stop_gradient(x) if d else x for x, d in zip(ins, deps, strict=True)]
-    out = eqn.primitive.bind(*cut, **eqn.params)
+    (out,) = _bind(eqn, _cut(ins, deps))
     if deps[0] == deps[1]:
         return out
     (contract_l, contract_r), (batch_l, _) = eqn.params["dimension_numbers"]

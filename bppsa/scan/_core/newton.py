@@ -181,9 +181,15 @@ class Newton(Forward):
     def tolerance(self, dtype) -> float:
         return self.tol if self.tol is not None else TOL_EPS * float(jnp.finfo(dtype).eps)
 
+    def iterates(self, problem) -> bool:
+        """Whether this forward runs its iterations on ``problem`` (a real carry with entries,
+        over steps); elsewhere it runs ``lax.scan``, or refuses a carry with integer leaves."""
+        layout = problem.layout
+        return problem.length > 0 and problem.differentiable_carry and all(layout.float_mask)
+
     def shares_jacobians(self, problem) -> bool:
         # quasi-Newton on a dense autodiff cell forms only the diagonals (cheap_diagonals)
-        return self.share_jacobians and not self.cheap_diagonals(problem)
+        return self.share_jacobians and self.iterates(problem) and not self.cheap_diagonals(problem)
 
     def cheap_diagonals(self, problem) -> bool:
         """Whether the iterations form only the diagonals of the Jacobians (``quasi`` on a
@@ -203,7 +209,7 @@ class Newton(Forward):
                 "bppsa.scan: forward=Newton() solves for the carry as real numbers; this carry "
                 "has integer or boolean leaves. Use forward='sequential' (lax.scan)."
             )
-        if length == 0 or not problem.differentiable_carry:
+        if not self.iterates(problem):
             if jacobians:
                 raise ValueError("Newton: no Jacobians to share for a scan without a carry.")
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
@@ -237,9 +243,10 @@ class Newton(Forward):
 
         def evaluate(states):
             """What the next iteration and the certificate need of ``states``: ``(f, maps,
-            prefix, worst, ys, jac_t)``, ``f`` every step taken from its iterate, ``maps`` the
-            Jacobians the next iteration's scan takes (their diagonals with ``quasi``), ``prefix``
-            the leading steps within the tolerance and ``worst`` their largest residual."""
+            before, prefix, worst, ys, jac_t)``, ``f`` every step taken from its iterate
+            ``before``, ``maps`` the Jacobians the next iteration's scan takes (their diagonals
+            with ``quasi``), ``prefix`` the leading steps within the tolerance and ``worst``
+            their largest residual."""
             before = _shifted(h0, states)
             (after, ys), jac_t = all_steps(consts, _unpack(layout, init, before), xs)
             f = layout.pack(after, stacked=True)
@@ -250,10 +257,9 @@ class Newton(Forward):
             prefix = jnp.where(jnp.all(ok), length, jnp.argmin(ok)).astype(jnp.int32)
             worst = jnp.max(jnp.where(ok.reshape(-1, *[1] * (ratio.ndim - 1)), ratio, 0.0))
             maps_t = jac_t.diagonal() if self.quasi else jac_t
-            return f, maps_t, prefix, worst, ys, (jac_t if jacobians else None)
+            return f, maps_t, before, prefix, worst, ys, (jac_t if jacobians else None)
 
-        def newton_step(states, f, maps_t):
-            before = _shifted(h0, states)
+        def newton_step(states, f, maps_t, before):
             offsets = f - maps_t.transpose().apply(before)
             if method is None:
                 new = _algorithms.blelloch(h0, maps_t.transpose().flip(), offsets[::-1])[::-1]
@@ -269,9 +275,9 @@ class Newton(Forward):
 
         def body(state):
             k, states, _, last_prefix, _, _, _ = state
-            f, maps, prefix, worst, ys, jac_t = evaluate(states)
+            f, maps, before, prefix, worst, ys, jac_t = evaluate(states)
             stop = (prefix == length) | (prefix <= last_prefix) | (k >= limit)
-            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps))
+            states = lax.cond(stop, lambda: states, lambda: newton_step(states, f, maps, before))
             # On a stop the states stay, and ``ys`` and ``jac_t`` are theirs.
             return k + jnp.where(stop, 0, 1), states, stop, prefix, worst, ys, jac_t
 

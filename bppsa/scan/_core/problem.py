@@ -86,11 +86,18 @@ class Problem:
         analytic Jacobians, whose builder chose their element)."""
         if self.body.analytic:
             return None
+        return self._carry_structure()
+
+    def _carry_structure(self, transform: Callable = lambda carry_map: carry_map) -> Structure:
+        """:func:`carry_structure` of the step's carry map (after ``transform``), at the
+        shapes of one step."""
         x = jax.tree.map(unstacked, self.xs)
         consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
-        return carry_structure(
-            lambda carry, x, *consts: self.body.step(carry, x, *consts)[0], self.init, x, *consts
-        )
+
+        def carry_map(carry, x, *consts):
+            return transform(lambda c: self.body.step(c, x, *consts)[0])(carry)
+
+        return carry_structure(carry_map, self.init, x, *consts)
 
     @property
     def jacobians(self) -> str:
@@ -116,13 +123,7 @@ class Problem:
         whole; a derivative that moves elements gets the dense one's diagonal)."""
         if self.body.analytic or self.structure.kind != "dense":
             return None
-        x = jax.tree.map(unstacked, self.xs)
-        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
-
-        def aligned(carry, x, *consts):
-            return diagonal(lambda c: self.body.step(c, x, *consts)[0])(carry)
-
-        structure = carry_structure(aligned, self.init, x, *consts)
+        structure = self._carry_structure(diagonal)
         return None if structure.kind == "dense" else structure
 
     def all_steps(self, jacobians: bool = True, quasi: bool = False) -> Callable:

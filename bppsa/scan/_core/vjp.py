@@ -184,15 +184,11 @@ class _Setup:
         is first traced): where it has them, the backward's method takes them whole, and the
         memory limit allows the one more stack of Jacobians that the forward's iterations then
         hold (their state and the next iterate's)."""
-        problem = self.problem
         if not (
-            self.forward.shares_jacobians(problem)
-            and problem.length > 0
-            and problem.differentiable_carry
-            and self.fitted.supports.forward_jacobians
+            self.forward.shares_jacobians(self.problem) and self.fitted.supports.forward_jacobians
         ):
             return False
-        fp = problem.footprint
+        fp = self.problem.footprint
         need = self.fitted.memory(fp) + fp.bytes(fp.length * fp.element)
         return need <= bytes_allowed(self.memory_limit)
 
@@ -274,7 +270,7 @@ class _Setup:
             for axes, tree in ((before_axes, before), (xs_axes, xs))
         )
         if jac_t is not None:  # per-step fields (T, B, ...) as the batched problem forms them
-            if _any_batched(_shared_fields(jac_axes)):
+            if _any_batched(list(jac_axes.shared().values())):
                 return None
             jac_t = jac_t.with_per_step(
                 **{
@@ -360,11 +356,6 @@ def _add(a, b):
         return x + y
 
     return jax.tree.map(add, a, b, is_leaf=_none)
-
-
-def _shared_fields(axes) -> list:
-    """The batch axes of a map stack's shared fields (see ``MapStack.shared``)."""
-    return list(axes.shared().values())
 
 
 def _none(x) -> bool:
