@@ -267,7 +267,7 @@ def _measure(row, config, methods, repeats, seconds, memory_limit, gemm_gflops, 
     fp = _speed_model.footprint(config.cell, config.length, config.batch, config.hidden)
     if chain is not None:  # the sequential part no T-step method avoids: the floors' step time
         others[CHAIN] = functools.partial(chain[0], *chain[1])
-        parallel = bppsa.Auto().scan_method(fp, jacobians=True)
+        parallel = bppsa.Auto().scan_method(fp, profile=bppsa.get_profile(), jacobians=True)
         row["parts_block"] = getattr(parallel, "block", config.length)
         parts, parts_args = _speed_model.parts(
             cell, config.length, config.batch, config.hidden, row["parts_block"]

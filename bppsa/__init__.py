@@ -40,7 +40,8 @@ from bppsa.scan._core.methods import (
 )
 from bppsa.scan._core.newton import Newton, NewtonInfo
 from bppsa.scan._core.plans import ScanPlan, trace_plans
-from bppsa.scan._profile import Kernels, Profile, Rates, Rules, get_profile, set_profile
+from bppsa.scan._core.profiles import get_profile, set_profile
+from bppsa.scan._profile import Kernels, Profile, Rates, Rules
 
 __version__ = "0.1.0"
 

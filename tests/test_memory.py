@@ -11,6 +11,7 @@ import bppsa
 from bppsa.models import GRU, LSTM, RNN
 from bppsa.scan._core import memory as _memory
 from bppsa.scan._core.methods.fallbacks import fallbacks
+from bppsa.scan._profile import CPU, GPU
 from tests.helpers import assert_trees_close
 
 H, B, T = 8, 4, 300
@@ -164,14 +165,14 @@ def test_automatic_method_raises_when_nothing_fits():
 
 def test_fit_prefers_the_largest_fallback_that_fits():
     fp = _memory.Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16)
-    estimates = {m: m.memory(fp) for m in fallbacks()}
+    estimates = {m: m.memory(fp) for m in fallbacks(bppsa.get_profile())}
     chosen = bppsa.Blocked(bppsa.SequentialScan(), 2048)
     fallback = bppsa.Blocked(bppsa.SequentialScan(), 1024)
     smaller = bppsa.Blocked(bppsa.SequentialScan(), 256)
     limit = limit_between(estimates[smaller], estimates[fallback])
-    assert bppsa.Auto().scan_method(fp, limit, backend="cpu", jacobians=True) == smaller
-    assert bppsa.Auto().scan_method(fp, math.inf, backend="cpu", jacobians=True) == chosen
-    assert bppsa.Auto().scan_method(fp, math.inf, backend="gpu", jacobians=True) == bppsa.Blelloch()
+    assert bppsa.Auto().scan_method(fp, limit, profile=CPU, jacobians=True) == smaller
+    assert bppsa.Auto().scan_method(fp, math.inf, profile=CPU, jacobians=True) == chosen
+    assert bppsa.Auto().scan_method(fp, math.inf, profile=GPU, jacobians=True) == bppsa.Blelloch()
 
 
 def test_the_vmapped_batch_counts():

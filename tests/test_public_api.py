@@ -52,6 +52,7 @@ DOCTEST_MODULES = [
     "bppsa.scan._core.newton",
     "bppsa.scan._core.auto_forward",
     "bppsa.scan._profile",
+    "bppsa.scan._core.profiles",
     "bppsa.models._classifier",
     "bppsa.models._chain",
     "bppsa.models._pruning",

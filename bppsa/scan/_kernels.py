@@ -3,14 +3,13 @@
 The kernels (:class:`~bppsa.scan.Structured`'s application and unrolling, the SpMV of
 :class:`~bppsa.scan.Sparse`, the SpGEMM plans of :mod:`bppsa.scan._spgemm`) choose among
 their variants by a :class:`~bppsa.scan._profile.Kernels`. They never read a backend's profile
-while they are traced: the switches reach them through :func:`using`, a context the scan's
-derivative rules enter with the ``kernels`` of the profile of the policy that chose the method
-(``bppsa.Auto(profile=...)``'s own, else the backend's), together with the precision of
-:func:`bppsa.scan._precision.products` (:func:`library`). The policy, and so its profile, is
-part of what keys ``jax.jit``'s cache; the context is not, so a function jitted outside the
-scan's rules keeps the switches of its first trace. Outside any such context (the scan
-algorithms or the elements called directly) the kernels run with the built-in defaults,
-``Kernels()``.
+while they are traced: the switches reach them through :func:`using`, a context entered in one
+place, :meth:`bppsa.scan._core.decision.Decision.library`, by the scan's derivative rules, with
+the ``kernels`` of the profile the scan's decision was made by, together with the precision of
+:func:`bppsa.scan._precision.products` (:func:`library`). That profile is part of what keys
+``jax.jit``'s cache (the policy's own, or the backend's: :func:`bppsa.set_profile` keeps them in
+``jax.jit``'s key). Outside any such context (the scan algorithms or the elements called
+directly) the kernels run with the built-in defaults, ``Kernels()``.
 """
 
 from __future__ import annotations

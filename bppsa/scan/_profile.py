@@ -8,19 +8,16 @@ rates, by which ``Auto()`` ranks the methods on accelerators; its rules and kern
 CPU's defaults). Each field names, in a comment, the benchmark and the result file that
 measured it; the measurements themselves are on the Performance page of the documentation.
 
-:func:`set_profile` replaces a backend's profile (e.g. one fitted by
-``python -m benchmarks.fit_profile`` on another machine) and :func:`get_profile` reads it; like
-``jax.config``, a new profile applies to what is traced after the call (an already-jitted
-function keeps its trace). ``bppsa.Auto(profile=...)`` chooses by another profile for one
-scan. The kernels never read a profile themselves: its :class:`Kernels` reach them through
-:mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
+:func:`bppsa.set_profile` replaces a backend's profile (e.g. one fitted by
+``python -m benchmarks.fit_profile`` on another machine) and :func:`bppsa.get_profile` reads
+it (:mod:`bppsa.scan._core.profiles`); ``bppsa.Auto(profile=...)`` chooses by another profile
+for one scan. The kernels never read a profile themselves: its :class:`Kernels` reach them
+through :mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
 """
 
 from __future__ import annotations
 
 import dataclasses
-
-import jax
 
 
 def _check_number(owner: str, field: str, value, *, integer: bool = False, zero: bool = False):
@@ -291,37 +288,7 @@ GPU = Profile(
     ),
 )
 
-_DEFAULTS = {"cpu": CPU}
-_profiles: dict[str, Profile] = {}
 
-
-def get_profile(backend: str | None = None) -> Profile:
-    """The profile of ``backend`` (``"cpu"``, ``"gpu"``, ...; default: JAX's default backend):
-    the one :func:`set_profile` gave, else the built-in one (:data:`GPU` for any accelerator).
-    """
-    backend = backend or jax.default_backend()
-    return _profiles.get(backend) or _DEFAULTS.get(backend, GPU)
-
-
-def set_profile(backend: str, profile: Profile | None) -> None:
-    """Makes ``profile`` the profile of ``backend`` for everything traced from now on
-    (``None``: back to the built-in one).
-
-    Example:
-        >>> import dataclasses
-        >>> cpu = bppsa.get_profile("cpu")
-        >>> slow = dataclasses.replace(cpu, rules=dataclasses.replace(cpu.rules, parallel_work=0))
-        >>> bppsa.set_profile("cpu", slow)
-        >>> bppsa.set_profile("cpu", None)
-
-    Raises:
-        TypeError: ``profile`` is not a :class:`Profile`, or ``backend`` not a string.
-    """
-    if not isinstance(backend, str):
-        raise TypeError(f"backend must be a string such as 'cpu', got {type(backend).__name__}.")
-    if profile is None:
-        _profiles.pop(backend, None)
-        return
-    if not isinstance(profile, Profile):
-        raise TypeError(f"profile must be a bppsa.Profile, got {type(profile).__name__}.")
-    _profiles[backend] = profile
+def built_in(backend: str) -> Profile:
+    """The built-in profile of ``backend``: :data:`CPU` for ``"cpu"``, else :data:`GPU`."""
+    return CPU if backend == "cpu" else GPU

@@ -18,7 +18,8 @@ AUTO = bppsa.Auto(profile=_profile.GPU)
 
 
 def pick(cell, length, batch, hidden):
-    return AUTO.scan_method(_speed_model.footprint(cell, length, batch, hidden), backend="gpu")
+    fp = _speed_model.footprint(cell, length, batch, hidden)
+    return AUTO.scan_method(fp, profile=bppsa.get_profile("gpu"))
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,11 @@ import pytest
 import bppsa
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import _parallel_pays
+from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._profile import CPU, GPU
 
-CPU = bppsa.get_profile("cpu")
-GPU = bppsa.get_profile("gpu")
+CPU = CPU
+GPU = GPU
 AUTO = bppsa.Auto()
 
 
@@ -94,8 +96,8 @@ def test_on_accelerators_auto_picks_the_predicted_fastest(length, size, options,
     ids=["n-floats", "short", "diagonal"],
 )
 def test_on_accelerators_a_footprint_gets_the_pick_for_its_fields(fp, chosen, parallel):
-    assert AUTO.scan_method(fp, backend="gpu") == chosen
-    assert AUTO.scan_method(fp, backend="gpu", jacobians=True) == parallel
+    assert AUTO.scan_method(fp, profile=GPU) == chosen
+    assert AUTO.scan_method(fp, profile=GPU, jacobians=True) == parallel
 
 
 # A measured profile under a backend name of its own, with smaller blocks than the CPU's: a pick
@@ -127,14 +129,14 @@ def test_every_call_chooses_by_the_profile_of_the_backend_it_is_given(measured_b
     assert AUTO.choose(1000, 64, measured_backend, **diagonal) == blocks(32)
     assert AUTO.choose(1000, 64, measured_backend, **diagonal, jacobians=True) == blocks(32)
     fp = Footprint(length=1000, state=64, element=64, dense=64, itemsize=4, size=64, width=1)
-    assert AUTO.scan_method(fp, backend=measured_backend) == blocks(32)
-    assert AUTO.scan_method(fp, backend=measured_backend, jacobians=True) == blocks(32)
+    assert AUTO.scan_method(fp, profile=profile_of(measured_backend)) == blocks(32)
+    assert AUTO.scan_method(fp, profile=profile_of(measured_backend), jacobians=True) == blocks(32)
     # The same calls on "cpu" and "gpu".
     assert AUTO.choose(1000, 64, "cpu", **diagonal) == blocks(8192)
-    assert AUTO.scan_method(fp, backend="cpu", jacobians=True) == blocks(8192)
+    assert AUTO.scan_method(fp, profile=CPU, jacobians=True) == blocks(8192)
     assert AUTO.choose(1000, 64, "gpu", **diagonal) == bppsa.Blelloch()
-    assert AUTO.scan_method(fp, backend="gpu") == bppsa.Blelloch()
-    assert AUTO.scan_method(fp, backend="gpu", jacobians=True) == bppsa.Blelloch()
+    assert AUTO.scan_method(fp, profile=GPU) == bppsa.Blelloch()
+    assert AUTO.scan_method(fp, profile=GPU, jacobians=True) == bppsa.Blelloch()
 
 
 def test_parallel_defaults_to_one_example_of_dense_jacobians():
@@ -208,9 +210,9 @@ def test_a_footprint_passes_its_inputs_to_the_cpu_rule():
     fp = Footprint(
         length=256, state=128, element=512, dense=128**2, itemsize=4, batch=5, size=128, inputs=2
     )
-    assert AUTO.scan_method(fp, backend="cpu") == blocks(256)  # 2^20 / 2560
-    assert AUTO.scan_method(dataclasses.replace(fp, inputs=0), backend="cpu") == bppsa.Sequential()
-    assert AUTO.scan_method(fp, backend="cpu", jacobians=True) == blocks(256)
+    assert AUTO.scan_method(fp, profile=CPU) == blocks(256)  # 2^20 / 2560
+    assert AUTO.scan_method(dataclasses.replace(fp, inputs=0), profile=CPU) == bppsa.Sequential()
+    assert AUTO.scan_method(fp, profile=CPU, jacobians=True) == blocks(256)
 
 
 def test_a_footprint_of_one_example_outside_vmap_keeps_back_propagation():
@@ -220,9 +222,9 @@ def test_a_footprint_of_one_example_outside_vmap_keeps_back_propagation():
     )
     outside = dataclasses.replace(fp, vmapped=False)
     assert outside.single and not fp.single
-    assert AUTO.scan_method(outside, backend="cpu") == bppsa.Sequential()
-    assert AUTO.scan_method(fp, backend="cpu") == blocks(512)  # 2^19 / 1024
-    assert AUTO.scan_method(outside, backend="cpu", jacobians=True) == blocks(512)
+    assert AUTO.scan_method(outside, profile=CPU) == bppsa.Sequential()
+    assert AUTO.scan_method(fp, profile=CPU) == blocks(512)  # 2^19 / 1024
+    assert AUTO.scan_method(outside, profile=CPU, jacobians=True) == blocks(512)
 
 
 def test_the_cpu_rule_defaults_to_a_vmapped_map_with_dense_products():

@@ -12,6 +12,8 @@ from bppsa.models import GRU, gru_cell
 from bppsa.scan import Method, apply
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._profile import CPU
 from tests.helpers import assert_trees_close, spread
 
 XS = jnp.linspace(-1.0, 1.0, 26).reshape(13, 2)
@@ -100,13 +102,14 @@ def test_blocked_needs_a_positive_block(block):
 
 def test_auto_is_a_policy_that_returns_a_concrete_method():
     fp = Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16, size=20)
-    assert bppsa.Auto().scan_method(fp, backend="cpu") == bppsa.Auto().choose(
+    assert bppsa.Auto().scan_method(fp, profile=CPU) == bppsa.Auto().choose(
         10_000, 20, "cpu", batch=16, element=20
     )
     assert isinstance(bppsa.Auto(), bppsa.Policy) and not isinstance(bppsa.Auto(), bppsa.Method)
     for backend, runs in (("cpu", bppsa.Blocked), ("gpu", bppsa.Blelloch)):
         assert isinstance(
-            bppsa.Auto().scan_method(fp, math.inf, backend=backend, jacobians=True), runs
+            bppsa.Auto().scan_method(fp, math.inf, profile=profile_of(backend), jacobians=True),
+            runs,
         )
 
 

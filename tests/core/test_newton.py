@@ -12,6 +12,8 @@ import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.problem import prepare
+from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._profile import CPU, GPU
 from tests.helpers import NEWTON_RTOL, assert_trees_close, spread
 
 H, I = 5, 2
@@ -209,7 +211,9 @@ def test_the_plan_shows_the_solver_a_newton_forward_picked(x64):
         bppsa.scan(body, init, xs, forward="newton")
         bppsa.scan(body, init, xs, forward=bppsa.Newton(quasi=True, solver="blelloch"))
     fp = prepare(body, init, xs, None, reverse=False, batch=None)[0].footprint
-    assert plans[0].forward == bppsa.Newton(solver=bppsa.Auto().scan_method(fp, jacobians=True))
+    assert plans[0].forward == bppsa.Newton(
+        solver=bppsa.Auto().scan_method(fp, profile=profile_of(), jacobians=True)
+    )
     assert plans[1].forward == bppsa.Newton(quasi=True, solver=bppsa.Blelloch())
 
 
@@ -217,12 +221,14 @@ def test_the_default_solver_is_autos_pick_for_the_device():
     fp = Footprint(length=10_000, state=20, element=20, dense=400, itemsize=4, batch=16, size=20)
     auto = bppsa.Auto()
     for backend in ("cpu", "gpu"):
-        pick = auto.scan_method(fp, backend=backend, jacobians=True)
-        assert bppsa.Newton().solver_for(fp, backend) == pick
-    assert bppsa.Newton().solver_for(fp, "gpu") == bppsa.Blelloch()  # parallel on accelerators
-    assert bppsa.Newton(solver="chunked").solver_for(fp, "gpu") == bppsa.Chunked()
+        pick = auto.scan_method(fp, profile=profile_of(backend), jacobians=True)
+        assert bppsa.Newton().solver_for(fp, bppsa.Auto(), profile_of(backend)) == pick
+    assert (
+        bppsa.Newton().solver_for(fp, bppsa.Auto(), GPU) == bppsa.Blelloch()
+    )  # parallel on accelerators
+    assert bppsa.Newton(solver="chunked").solver_for(fp, bppsa.Auto(), GPU) == bppsa.Chunked()
     # quasi: the diagonals' footprint (products keep the structure): a structured block on CPU
-    quasi = bppsa.Newton(quasi=True).solver_for(fp, "cpu")
+    quasi = bppsa.Newton(quasi=True).solver_for(fp, bppsa.Auto(), CPU)
     assert quasi == auto.choose(10_000, 20, "cpu", batch=16, element=20, width=1, jacobians=True)
     with pytest.raises(ValueError, match="Newton: solver='fast' is not a known"):
         bppsa.Newton(solver="fast")

@@ -12,6 +12,7 @@ import pytest
 
 import bppsa
 from bppsa.scan import Structured, _kernels, _precision, _profile, _spgemm, sequential
+from bppsa.scan._core import profiles
 from bppsa.scan._pattern import Pattern
 from bppsa.scan._sparse import Sparse
 
@@ -171,15 +172,17 @@ def test_a_product_is_planned_by_the_switches_in_force(x64):
 
 @pytest.fixture
 def no_profile(monkeypatch):
-    """Every ``get_profile`` of bppsa's modules raises."""
-    original = _profile.get_profile
+    """Every ``get_profile`` and ``profile_of`` of bppsa's modules raises."""
+    originals = (profiles.get_profile, profiles.profile_of)
 
     def refuse(*args, **kwargs):
         raise AssertionError("get_profile called while tracing a kernel")
 
     for name, module in list(sys.modules.items()):
-        if name.startswith("bppsa") and getattr(module, "get_profile", None) is original:
-            monkeypatch.setattr(module, "get_profile", refuse)
+        for original in originals:
+            attribute = original.__name__
+            if name.startswith("bppsa") and getattr(module, attribute, None) is original:
+                monkeypatch.setattr(module, attribute, refuse)
     with pytest.raises(AssertionError, match="get_profile called"):
         bppsa.get_profile()  # the fixture itself works
 

@@ -1,14 +1,14 @@
 """``bppsa.scan`` and ``bppsa.estimate_memory``: argument checks and wiring.
 
 Everything else has its own module: the options (:mod:`~bppsa.scan._core.options`), the one trace of
-the body and the footprint (:mod:`~bppsa.scan._core.problem`), the methods, which decide what runs
-and carry out the backward (:mod:`~bppsa.scan._core.methods`), and the forward slot
-(:mod:`~bppsa.scan._core.forward`).
+the body and the footprint (:mod:`~bppsa.scan._core.problem`), the one decision of what runs
+(:mod:`~bppsa.scan._core.decision`), the methods, which carry out the backward
+(:mod:`~bppsa.scan._core.methods`), and the forward slot (:mod:`~bppsa.scan._core.forward`).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -16,19 +16,18 @@ import jax
 import jax.numpy as jnp
 
 from bppsa.scan._core import plans, vjp
-from bppsa.scan._core.auto_forward import AutoForward, choose_forward, scan_key
+from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.decision import decide
 from bppsa.scan._core.forward import Forward
-from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
-from bppsa.scan._core.newton import Newton
+from bppsa.scan._core.methods import Method, Policy, as_policy, resolve
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
+from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._precision import Precision
 
 Carry = TypeVar("Carry")
 X = TypeVar("X")
 Y = TypeVar("Y")
-
-FORWARD = AutoForward()  # the default forward pass: the forward's policy
 
 
 def scan(
@@ -42,7 +41,7 @@ def scan(
     memory_limit: float | None = None,
     check_finite: bool | None = None,
     batch: int | None = None,
-    forward: Forward | str | None = None,
+    forward: Forward | AutoForward | str | None = None,
     precision: str | Precision | None = None,
     check_structure: bool | None = None,
 ) -> tuple[Carry, Y]:
@@ -132,50 +131,29 @@ def scan(
     """
     options = Options.make(
         method, memory_limit, check_finite, forward, precision, check_structure=check_structure
-    )
-    options = options.over(current())
-    requested_forward = options.forward or FORWARD
+    ).over(current())
     batch = _check_batch(batch)
-    problem, init, requested, concrete = _prepare(
-        options.method or Auto(),
+    problem, init = prepare(
         f,
         init,
         xs,
         length,
-        reverse,
-        batch,
-        bool(options.check_finite),
-        bool(options.check_structure),
+        reverse=reverse,
+        batch=batch,
+        check_structure=bool(options.check_structure),
     )
-    forward, forward_because = requested_forward, None
-    if isinstance(requested_forward, AutoForward):
-        key = scan_key(f, problem.footprint, problem.layout.dtype)
-        forward, forward_because = choose_forward(
-            as_policy(requested), problem.footprint, concrete, key=key, limit=options.memory_limit
-        )
-    elif isinstance(forward, Newton) and forward.solver is None and forward.iterates(problem):
-        # The solver it would pick when it runs, picked here so that the plan shows it.
-        forward = dataclasses.replace(forward, solver=forward.solver_for(problem.footprint))
+    decision = decide(problem, options)
     plan = plans.record(
-        requested=requested,
-        method=concrete,
+        requested=decision.requested,
+        method=decision.method,
         jacobians=problem.jacobians,
         dense_because=problem.dense_because,
         length=problem.length,
         batch=problem.batch,
-        forward=forward,
-        forward_because=forward_because,
+        forward=decision.forward,
+        forward_because=decision.forward_because,
     )
-    run = vjp.differentiable(
-        requested,
-        concrete,
-        problem,
-        forward,
-        memory_limit=options.memory_limit,
-        check_finite=bool(options.check_finite),
-        plan=plan,
-        precision=options.precision,
-    )
+    run = vjp.differentiable(decision, problem, plan)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
     carry, ys = run(problem.body.consts, init, xs)
@@ -216,33 +194,13 @@ def estimate_memory(
         >>> bppsa.estimate_memory(body, jnp.zeros(20), spec, method="blelloch", batch=16) > 1e9
         True
     """
-    requested = resolve(method)
     if _check_batch(batch) is None:
         raise ValueError("batch must be a positive int, got None.")
-    problem, _, _, concrete = _prepare(requested, f, init, xs, length, False, batch)
-    return concrete.memory(problem.footprint)
-
-
-def _prepare(
-    requested: Method | Policy,
-    f,
-    init,
-    xs,
-    length,
-    reverse,
-    batch,
-    check_finite=False,
-    check_structure=False,
-):
-    """What :func:`scan` and :func:`estimate_memory` share: the prepared scan, its promoted
-    initial carry, the requested method or policy, and the method it runs (with
-    ``check_finite``, one whose backward checks: it scans the Jacobians). The memory guard runs
-    when the backward is traced (:mod:`bppsa.scan._core.vjp`)."""
-    problem, init = prepare(
-        f, init, xs, length, reverse=reverse, batch=batch, check_structure=check_structure
-    )
-    method = as_policy(requested).scan_method(problem.footprint, jacobians=check_finite)
-    return problem, init, requested, method
+    policy = as_policy(resolve(method))
+    problem, _ = prepare(f, init, xs, length, reverse=False, batch=batch)
+    fp = problem.footprint
+    method = policy.scan_method(fp, math.inf, profile=policy.profile_or(profile_of()))
+    return method.memory(fp)
 
 
 def _check_batch(batch) -> int | None:

@@ -7,14 +7,14 @@ from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.resolve import by_name
 from bppsa.scan._core.newton import Newton
 
-FORWARDS: dict[str, type[Forward]] = {
+FORWARDS: dict[str, type[Forward] | type[AutoForward]] = {
     cls.name: cls for cls in (SequentialForward, Newton, AutoForward)
 }
 
 
-def resolve_forward(forward: Forward | str | None) -> Forward:
+def resolve_forward(forward: Forward | AutoForward | str | None) -> Forward | AutoForward:
     """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"auto"``) into a forward
-    (``None``: the sequential ``lax.scan``).
+    or the forward's policy (``None``: the sequential ``lax.scan``).
 
     Raises:
         ValueError: for an unknown name, listing the valid ones.
@@ -22,7 +22,7 @@ def resolve_forward(forward: Forward | str | None) -> Forward:
     """
     if forward is None:
         return SequentialForward()
-    if isinstance(forward, Forward):
+    if isinstance(forward, Forward | AutoForward):
         return forward
     if isinstance(forward, str):
         example = "an object such as bppsa.Newton(max_iterations=20)"

@@ -41,9 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bppsa.scan import _chain, _kernels, _precision
+from bppsa.scan import _chain, _precision
 from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
+from bppsa.scan._core.decision import Decision, decide_chain
 from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.memory import MemoryLimitError, human
 from bppsa.scan._core.methods.base import Method
@@ -51,6 +52,7 @@ from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.policy import ChainWork, Policy, as_policy, bytes_allowed
 from bppsa.scan._core.methods.resolve import resolve
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._elements import Dense, MapStack
 
 AUTODIFF = type("Autodiff", (), {"__repr__": lambda self: "AUTODIFF"})()
@@ -60,11 +62,10 @@ its dense transposed Jacobian per example by autodiff."""
 
 def apply(chain, params, x, masks):
     """``chain.forward(params, x, masks=masks)``, differentiated by the ambient method."""
-    opts = options.current()
-    requested = resolve(opts.method)
-    method = as_policy(requested).chain_method(lambda: chain_work(chain, params, x, masks))
+    decision = decide_chain(lambda: chain_work(chain, params, x, masks), options.current())
+    method = decision.method
     plan = plans.record(
-        requested=requested,
+        requested=decision.requested,
         method=method,
         jacobians="sparse" if method.uses_jacobians else "autodiff",
         length=len(chain),
@@ -73,7 +74,7 @@ def apply(chain, params, x, masks):
     if not method.uses_jacobians:  # plain back-propagation: JAX differentiates the forward
         return chain.forward(params, x, masks=masks)
     static, traced = _split_masks(chain, masks)
-    run = _differentiable(chain, static, method, requested, opts.memory_limit, plan, opts.precision)
+    run = _differentiable(chain, static, decision, plan)
     return run(params, x, traced)
 
 
@@ -125,20 +126,22 @@ def estimate_memory(
     requested = resolve(method)
     masks = _masks_list(chain, masks)
     maps, inputs = jax.eval_shape(lambda p, x: _maps_and_inputs(chain, p, x, masks), params, x)
-    method = as_policy(requested).chain_method(lambda: _work(chain, params, x, maps))
+    policy = as_policy(requested)
+    method = policy.chain_method(
+        lambda: _work(chain, params, x, maps), profile=policy.profile_or(profile_of())
+    )
     if not method.uses_jacobians:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
     return _footprint_bytes(maps, inputs, method.levels)
 
 
-def _differentiable(
-    chain, static_masks, method: Method, requested: Method | Policy, limit, plan, precision
-):
+def _differentiable(chain, static_masks, decision: Decision, plan):
     """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
     ``jax.custom_jvp`` with :func:`bppsa.scan._core.linear.jvp_rule`'s rule.
     Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
-    mode), it is ``method``'s scan over the layers' transposed Jacobians (:func:`_backward`)."""
+    mode), it is the decision's method's scan over the layers' transposed Jacobians
+    (:func:`_backward`)."""
 
     def masks_of(traced):
         return [t if s is None else s for s, t in zip(static_masks, traced)]
@@ -160,10 +163,17 @@ def _differentiable(
         params, inputs, traced = res
         y = jax.eval_shape(forward, params, inputs[0], traced)
         g = jnp.zeros(y.shape, y.dtype) if ct_y is None else ct_y
-        kernels = as_policy(requested).profile_for().kernels
-        with _kernels.library(precision, kernels):
+        with decision.library():
             ct_params, ct_x = _backward(
-                chain, method, requested, limit, plan, params, inputs, masks_of(traced), g
+                chain,
+                decision.method,
+                decision.requested,
+                decision.memory_limit,
+                plan,
+                params,
+                inputs,
+                masks_of(traced),
+                g,
             )
         return floats_only((ct_params, ct_x))
 

@@ -40,7 +40,8 @@ from jax import lax
 from bppsa.scan import _algorithms
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.memory import Footprint
-from bppsa.scan._core.methods import Auto, Method, Policy, as_policy, resolve
+from bppsa.scan._core.methods import Method, Policy, as_policy, resolve
+from bppsa.scan._profile import Profile
 
 # Default tolerance, in units of the dtype's machine epsilon, of every step's residual relative
 # to the size of the states (|r_t| <= tol (|f_t| + mean_t |f_t|), elementwise). Measured with
@@ -156,21 +157,22 @@ class Newton(Forward):
     def solver_for(
         self,
         fp: Footprint,
-        backend: str | None = None,
-        policy: Policy | None = None,
+        policy: Policy,
+        profile: Profile,
         limit: float | None = math.inf,
     ) -> Method:
         """The method that solves the linear recurrences of a scan of footprint ``fp`` (its
-        Jacobians'; diagonal ones with ``quasi``) on ``backend`` within ``limit`` bytes: this
-        Newton's ``solver``, else ``policy``'s pick (default ``Auto()``).
+        Jacobians'; diagonal ones with ``quasi``) within ``limit`` bytes: this Newton's
+        ``solver``, else ``policy``'s pick by ``profile`` (asked by the scan's decision,
+        :mod:`bppsa.scan._core.decision`).
 
         Raises:
             MemoryLimitError: no solver fits ``limit``.
         """
         if self.quasi:
             fp = dataclasses.replace(fp, element=fp.size, dense=fp.size, width=1)
-        policy = as_policy(self.solver if self.solver is not None else policy or Auto())
-        return policy.scan_method(fp, limit, backend=backend, jacobians=True)
+        policy = as_policy(self.solver if self.solver is not None else policy)
+        return policy.scan_method(fp, limit, profile=profile, jacobians=True)
 
     def iterations(self, length: int) -> int:
         """The iteration limit for ``length`` steps."""
@@ -213,7 +215,11 @@ class Newton(Forward):
             if jacobians:
                 raise ValueError("Newton: no Jacobians to share for a scan without a carry.")
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
-        solver = self.solver_for(problem.footprint)
+        solver = self.solver
+        if not isinstance(solver, Method) or not solver.uses_jacobians:
+            raise ValueError(  # the scan's decision picks one (bppsa.scan._core.decision)
+                f"Newton: the forward runs with a solver that scans the Jacobians, got {solver!r}."
+            )
         states, info, ys, jac_t = self.solve(problem, consts, init, xs, solver, jacobians)
         before = _unpack(layout, init, _shifted(layout.pack(init), states))
         if self.callback is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from bppsa.scan import _precision
 from bppsa.scan._core import tracing
+from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.forwards import resolve_forward
 from bppsa.scan._core.methods.base import Method
@@ -37,7 +38,8 @@ class Options:
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
         check_structure: compare structured step Jacobians with dense ones at a few steps
             (see :mod:`bppsa.scan._core.structure_check`).
-        forward: how the forward pass runs (see :mod:`bppsa.scan._core.forward`).
+        forward: how the forward pass runs (see :mod:`bppsa.scan._core.forward`), or the
+            forward's policy (:class:`~bppsa.scan._core.auto_forward.AutoForward`).
         precision: of the library's own matrix products, in JAX's canonical form (see
             :mod:`bppsa.scan._precision`; unset: ``"highest"``).
     """
@@ -46,7 +48,7 @@ class Options:
     memory_limit: float | None = None
     check_finite: bool | None = None
     check_structure: bool | None = None
-    forward: Forward | None = None
+    forward: Forward | AutoForward | None = None
     precision: _precision.Precision | None = None
 
     @classmethod

@@ -6,6 +6,10 @@ Two things ``bppsa.scan`` needs are not in JAX's public API:
   written for one example and vmapped over a batch is traced once, with per-example shapes; the
   batch size only shows in the batching traces above it (``Auto()`` and the memory guard weigh
   it). It walks those traces the way JAX dispatches the scan's inputs.
+* :func:`profile_overrides` / :func:`set_profile_overrides`: the profiles of
+  :func:`bppsa.set_profile`, kept in a JAX configuration state in ``jax.jit``'s cache key, so
+  that a new profile reaches the next call of a function jitted before (a module-level table
+  would be read while tracing and left out of the key).
 * :func:`options_context` / :func:`current_options`: the options of :func:`bppsa.grad` reach the
   scans traced inside it through a JAX configuration state that is part of ``jax.jit``'s cache
   key, so that a function jitted before ``bppsa.grad`` sees them (a plain context variable is
@@ -64,6 +68,20 @@ except Exception as err:  # pragma: no cover - JAX changed its configuration API
     _problems["options"] = f"cannot define a configuration state in jax.jit's key: {err}"
 
 OPTIONS_IN_JIT_KEY = _OPTIONS_STATE is not None
+
+try:
+    _PROFILES_STATE = _config.string_or_object_state(
+        "bppsa_profiles",
+        (),
+        "The profiles bppsa.set_profile gave, as ((backend, profile), ...) (part of jax.jit's "
+        "cache key, so that a new profile reaches an already-jitted function's next call).",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+except Exception as err:  # pragma: no cover - JAX changed its configuration API
+    _PROFILES_STATE = None
+    _problems["profiles"] = f"cannot define a configuration state in jax.jit's key: {err}"
+_profiles_fallback: list[tuple] = [()]  # only where JAX's configuration API changed
 _options_fallback: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "bppsa_options", default=None
 )
@@ -150,6 +168,22 @@ def options_context(options: Any) -> Iterator[None]:
         yield
     finally:
         _options_fallback.reset(token)
+
+
+def profile_overrides() -> tuple:
+    """The profiles :func:`bppsa.set_profile` gave, ``((backend, profile), ...)``."""
+    if _PROFILES_STATE is not None:
+        return _PROFILES_STATE.value
+    return _profiles_fallback[0]
+
+
+def set_profile_overrides(overrides: tuple) -> None:
+    """Makes ``overrides`` the value of :func:`profile_overrides` (globally, as
+    ``jax.config.update`` does: the next call of a jitted function is traced again)."""
+    if _PROFILES_STATE is not None:
+        jax.config.update("bppsa_profiles", overrides)
+    else:
+        _profiles_fallback[0] = overrides
 
 
 def is_jitted(fun: Any) -> bool:

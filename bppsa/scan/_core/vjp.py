@@ -10,9 +10,8 @@ that entered every step, and returns the tangents through
   ``dh_t = J_t dh_{t-1} + u_t`` (``u_t`` what the step's inputs and parameters send), solved by
   the method's own linear scan over the steps' Jacobians, in time order (:func:`tangents`);
 * transposed (``jax.grad``, ``jax.vjp``, ``jax.jacrev``), it is the method's backward: the
-  requested policy (:mod:`bppsa.scan._core.methods.policy`; a method given by the user is its
-  own policy) picks the method for this scan's footprint and memory limit, which
-  back-propagates the cotangents (:func:`cotangents`).
+  method of the scan's decision (:mod:`bppsa.scan._core.decision`: the policy's pick for this
+  scan's footprint and memory limit) back-propagates the cotangents (:func:`cotangents`).
 
 Higher orders compose: the rule calls the scan itself for its primal (a variant that also
 returns the carries), so an outer derivative goes through the same rule again.
@@ -27,88 +26,46 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan import _kernels
 from bppsa.scan._core import backward, debug
 from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
-from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.methods.base import Method, require
-from bppsa.scan._core.methods.policy import Policy, as_policy, bytes_allowed
-from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._precision import Precision
 
 if TYPE_CHECKING:
+    from bppsa.scan._core.decision import Decision
     from bppsa.scan._core.plans import ScanPlan
     from bppsa.scan._core.problem import Problem
 
 
-def differentiable(
-    requested: Method | Policy,
-    concrete: Method,
-    problem: Problem,
-    forward: Forward,
-    *,
-    memory_limit: float | None,
-    check_finite: bool,
-    plan: ScanPlan | None = None,
-    precision: Precision | None = None,
-):
+def differentiable(decision: Decision, problem: Problem, plan: ScanPlan | None = None):
     """The scan as a differentiable ``(consts, init, xs) -> (carry, ys)`` (``xs`` in time
-    order) that ``concrete`` runs: ``lax.scan`` itself for plain back-propagation, else
-    :func:`jacobian_scan` (``requested`` is the method or policy the user asked for; its
-    policy picks the backward within the memory limit when it is traced)."""
-    if not concrete.uses_jacobians:
-        if forward.sequential:
+    order) as ``decision`` says: ``lax.scan`` itself for plain back-propagation, else
+    :func:`jacobian_scan`."""
+    if decision.plain:
 
-            def run(consts, init, xs):  # JAX differentiates the lax.scan itself
-                return forward(problem, consts, init, xs, keep=False)
+        def run(consts, init, xs):  # JAX differentiates the lax.scan itself
+            return decision.forward(problem, consts, init, xs, keep=False)
 
-            return run
-        # lax.scan's own derivatives need lax.scan's forward: back-propagate through the other
-        # forward's trajectory with the sequential scan over the Jacobians instead.
-        requested = SequentialScan()
-    else:
-        forward = concrete.forward_for(forward)
-    return jacobian_scan(
-        requested,
-        problem,
-        forward,
-        memory_limit=memory_limit,
-        check_finite=check_finite,
-        plan=plan,
-        precision=precision,
-    )
+        return run
+    return jacobian_scan(decision, problem, plan)
 
 
-def jacobian_scan(
-    requested: Method | Policy,
-    problem: Problem,
-    forward: Forward,
-    *,
-    memory_limit: float | None,
-    check_finite: bool,
-    plan: ScanPlan | None = None,
-    precision: Precision | None = None,
-):
+def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = None):
     """``(consts, init, xs) -> (carry, ys)`` (``xs`` in time order) with BPPSA derivatives.
 
     Args:
-        requested: the method or policy the scan was asked for; its policy picks the method
-            of the backward when the backward is traced.
+        decision: what the scan runs (its backward method, forward, precision, kernels;
+            :mod:`bppsa.scan._core.decision`).
         problem: the prepared scan.
-        forward: the forward slot.
-        memory_limit: bytes (``None``: the default device's available memory).
-        check_finite: report the first non-finite step (see :mod:`bppsa.scan._core.debug`).
         plan: where to record the backward's method, if recording.
-        precision: of the library's own products (``None``: ``"highest"``), for the
-            backward, the tangents and a parallel forward (see :mod:`bppsa.scan._precision`).
     """
-    setup = _Setup(requested, problem, forward, memory_limit, check_finite, plan, precision)
+    setup = _Setup(decision, problem, plan)
+    forward = decision.forward
 
     @jax.custom_jvp
     def run_keep(consts, init, xs):  # also returns the carry that entered every step
         with setup.library():
-            if setup.shares_jacobians:  # and the steps' Jacobians there, for the backward
+            if decision.shares_jacobians:  # and the steps' Jacobians there, for the backward
                 carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
                 return carry, ys, before, jac_t
             carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
@@ -154,43 +111,22 @@ def jacobian_scan(
 class _Setup:
     """What the tangent map and its transpose need of the scan."""
 
-    requested: Method | Policy
+    decision: Decision
     problem: Problem
-    forward: Forward
-    memory_limit: float | None
-    check_finite: bool
     plan: ScanPlan | None
-    precision: Precision | None
-
-    @functools.cached_property
-    def policy(self) -> Policy:
-        return as_policy(self.requested)
 
     def library(self):
-        """The context of the library's own work for this scan: the products' precision and
-        the kernels' switches of the policy's profile (:mod:`bppsa.scan._kernels`)."""
-        return _kernels.library(self.precision, self.policy.profile_for().kernels)
+        """The context of the library's own work for this scan (the decision's)."""
+        return self.decision.library()
 
-    @functools.cached_property
+    @property
     def fitted(self) -> Method:
-        """The method of this scan's backward (the policy's, within the memory limit), chosen
-        once: the whole-batch backward and the one-by-one path it may hand over share it."""
-        fp = self.problem.footprint
-        return self.policy.scan_method(fp, self.memory_limit, jacobians=True)
+        """The method of this scan's backward (the decision's; raises its memory error)."""
+        return self.decision.backward_method()
 
-    @functools.cached_property
-    def shares_jacobians(self) -> bool:
-        """Whether the forward hands its Jacobians to the backward (decided when a derivative
-        is first traced): where it has them, the backward's method takes them whole, and the
-        memory limit allows the one more stack of Jacobians that the forward's iterations then
-        hold (their state and the next iterate's)."""
-        if not (
-            self.forward.shares_jacobians(self.problem) and self.fitted.supports.forward_jacobians
-        ):
-            return False
-        fp = self.problem.footprint
-        need = self.fitted.memory(fp) + fp.bytes(fp.length * fp.element)
-        return need <= bytes_allowed(self.memory_limit)
+    @property
+    def check_finite(self) -> bool:
+        return self.decision.check_finite
 
     def tangents(self, res, lin, jacobians=False):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent

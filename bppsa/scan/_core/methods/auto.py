@@ -16,7 +16,8 @@ from bppsa.scan._core.methods.chunked import Chunked
 from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._profile import Profile, Rules, get_profile
+from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._profile import Profile, Rules
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +90,10 @@ class Auto(policy.Policy):
         """The methods the cost model ranks on accelerators."""
         return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
 
-    def profile_for(self, backend: str | None = None) -> Profile:
-        """The profile this policy chooses by on ``backend``, passed down to the kernels: its
-        own, else the backend's (:func:`bppsa.get_profile`)."""
-        return self.profile or get_profile(backend)
+    def profile_or(self, backend_profile: Profile) -> Profile:
+        """The profile this policy chooses by, passed down to the kernels: its own, else the
+        backend's (``backend_profile``)."""
+        return self.profile or backend_profile
 
     def choose(
         self,
@@ -131,7 +132,13 @@ class Auto(policy.Policy):
         Returns:
             A method; ``Sequential()`` means plain back-propagation.
         """
-        profile = self.profile_for(backend)
+        profile = self.profile_or(profile_of(backend))
+        return self._choose(profile, length, size, batch, element, inputs, single, width, jacobians)
+
+    def _choose(
+        self, profile, length, size, batch, element, inputs, single, width, jacobians
+    ) -> Method:
+        """:meth:`choose` by ``profile``."""
         candidates = tuple(m for m in self.ranked if m.uses_jacobians or not jacobians)
         if not profile.measured_rules:
             return _fastest(candidates, length, size, profile, batch, element, width)
@@ -168,43 +175,44 @@ class Auto(policy.Policy):
             >>> min(times, key=times.get)
             Sequential()
         """
-        profile = self.profile_for(backend)
+        profile = self.profile_or(profile_of(backend))
         return _predicted(self.ranked, length, size, profile, batch, element, width)
 
-    def scan_method(self, fp, limit=math.inf, *, backend=None, jacobians=False):
-        """:meth:`choose` for a scan of footprint ``fp``: plain back-propagation for a complex
-        carry; within ``limit``, else the first lower-memory method of the memory guard's list
-        that fits (the profile's ``fallback_block``)."""
+    def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
+        """:meth:`choose` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
+        plain back-propagation for a complex carry; a method that scans the Jacobians within
+        ``limit``, else the first lower-memory method of the memory guard's list that fits
+        (the profile's ``fallback_block``)."""
         if fp.complex_leaves:
             return Sequential()
-        chosen = self.choose(
+        profile = self.profile_or(profile)
+        chosen = self._choose(
+            profile,
             fp.length,
             fp.size,
-            backend,
-            batch=fp.batch,
-            element=fp.element,
-            inputs=fp.inputs,
-            single=fp.single,
-            width=fp.width or None,
-            jacobians=jacobians,
+            fp.batch,
+            fp.element,
+            fp.inputs,
+            fp.single,
+            fp.width or None,
+            jacobians,
         )
-        if limit is None or limit < math.inf:
+        if chosen.uses_jacobians and (limit is None or limit < math.inf):
             need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
             if need > limit_bytes:
-                profile = self.profile_for(backend)
                 options = policy.lower_memory(fallbacks(profile), fp, need, limit_bytes)
                 if not options:
                     raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp, profile)
                 return options[0][0]
         return chosen
 
-    def chain_method(self, work):
+    def chain_method(self, work, *, profile):
         """The sequential sparse chain (``SequentialScan()``) where the pruning makes it cheaper
         than dense back-propagation by the measured margin (the profile's
         ``chain_sparse_cost``), else plain back-propagation (``Sequential()``: JAX's autodiff
         of the forward). The parallel levels' filled-in products never paid on a CPU
         (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
-        cost_ratio = self.profile_for().rules.chain_sparse_cost
+        cost_ratio = self.profile_or(profile).rules.chain_sparse_cost
         measured = work()
         if cost_ratio * measured.sparse < measured.dense:
             return SequentialScan()

@@ -6,13 +6,13 @@ from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._profile import Profile
 
 
-def fallbacks(profile: Profile | None = None) -> tuple[Method, ...]:
+def fallbacks(profile: Profile) -> tuple[Method, ...]:
     """The lower-memory methods in order of preference, the larger (more parallel) ones first,
-    in blocks of ``profile.rules.fallback_block`` steps (default: the default backend's profile)."""
-    block = (profile or get_profile()).rules.fallback_block
+    in blocks of ``profile.rules.fallback_block`` steps."""
+    block = profile.rules.fallback_block
     return (
         Chunked(),
         Blocked(Chunked(), block),

@@ -3,8 +3,10 @@
 What a method *is* lives in its own file (its linear scan, memory and cost); which method runs
 a given scan is a :class:`Policy`'s choice. A policy has three questions to answer:
 :meth:`Policy.scan_method` (the method of a scan over time steps, within a memory limit),
-:meth:`Policy.chain_method` (the method of a chain of layers) and :meth:`Policy.profile_for` (the
-measured constants it chooses by, which the derivative rules pass down to the kernels).
+:meth:`Policy.chain_method` (the method of a chain of layers) and :meth:`Policy.profile_or` (the
+measured constants it chooses by, which the derivative rules pass down to the kernels). Each is
+asked once per scan, by :func:`bppsa.scan._core.decision.decide`, with the profile resolved
+there: a policy reads no global state.
 ``bppsa.Auto()`` is the library's policy; a method passed as ``method=`` is the policy
 :class:`Fixed` that always answers with it, after the one check of what it supports
 (:func:`~bppsa.scan._core.methods.base.require`) and the memory guard (:func:`guard`).
@@ -23,7 +25,7 @@ from bppsa.scan._core.memory import Footprint, MemoryLimitError, limit_message
 from bppsa.scan._core.methods.base import Method, require
 from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._profile import Profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +60,13 @@ class Policy(abc.ABC):
         fp: Footprint,
         limit: float | None = math.inf,
         *,
-        backend: str | None = None,
+        profile: Profile,
         jacobians: bool = False,
     ) -> Method:
         """The method that runs the backward of a scan of footprint ``fp`` within ``limit``
-        bytes (``None``: the default device's available memory; ``math.inf``: no limit) on
-        ``backend`` (default: JAX's default backend).
+        bytes (``None``: the default device's available memory; ``math.inf``: no limit), by
+        ``profile`` (:meth:`profile_or` of the backend's). The limit applies to a method that
+        scans the Jacobians: plain back-propagation is JAX's own derivative of ``lax.scan``.
 
         ``jacobians``: one that scans the Jacobians (never plain back-propagation), as a
         parallel forward's linear solves and the finiteness check need.
@@ -74,18 +77,18 @@ class Policy(abc.ABC):
         """
 
     @abc.abstractmethod
-    def chain_method(self, work: Callable[[], ChainWork]) -> Method:
-        """The method that back-propagates through a chain of layers (``Chain.apply``);
-        ``work()`` gives what it costs (computed only if asked for).
+    def chain_method(self, work: Callable[[], ChainWork], *, profile: Profile) -> Method:
+        """The method that back-propagates through a chain of layers (``Chain.apply``) by
+        ``profile``; ``work()`` gives what it costs (computed only if asked for).
 
         Raises:
             TypeError: the method does not apply to a chain of layers.
         """
 
-    def profile_for(self, backend: str | None = None) -> Profile:
-        """The measured constants this policy chooses by on ``backend``, passed down to the
-        kernels of the backward it chooses: the backend's (:func:`bppsa.get_profile`)."""
-        return get_profile(backend)
+    def profile_or(self, backend_profile: Profile) -> Profile:
+        """The measured constants this policy chooses by, passed down to the kernels of the
+        backward it chooses: those of the backend (``backend_profile``)."""
+        return backend_profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,12 +97,14 @@ class Fixed(Policy):
 
     method: Method
 
-    def scan_method(self, fp, limit=math.inf, *, backend=None, jacobians=False):
+    def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         if fp.complex_leaves:
             require(self.method, "complex_carry", leaves=fp.complex_leaves)
-        return guard(self.method, fp, limit, profile=self.profile_for(backend))
+        if not self.method.uses_jacobians:
+            return self.method
+        return guard(self.method, fp, limit, profile=profile)
 
-    def chain_method(self, work):
+    def chain_method(self, work, *, profile):
         require(self.method, "layers")
         return self.method
 
@@ -110,7 +115,7 @@ def as_policy(requested: Method | Policy) -> Policy:
 
 
 def guard(
-    method: Method, fp: Footprint, limit: float | None, requested=None, profile=None
+    method: Method, fp: Footprint, limit: float | None, requested=None, *, profile: Profile
 ) -> Method:
     """The memory guard of every backward over time steps: ``method`` itself if its
     :meth:`~bppsa.scan._core.methods.base.Method.memory` for ``fp`` fits ``limit`` bytes
@@ -118,7 +123,7 @@ def guard(
 
     Raises:
         MemoryLimitError: it does not fit; the error lists the lower-memory methods that do
-            (in blocks of ``profile``'s fallback block; ``None``: the default backend's).
+            (in blocks of ``profile``'s fallback block).
     """
     need, limit_bytes = method.memory(fp), bytes_allowed(limit)
     if need <= limit_bytes:
@@ -131,7 +136,7 @@ def bytes_allowed(limit: float | None) -> float:
     return memory.available_bytes() if limit is None else limit
 
 
-def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile=None) -> MemoryLimitError:
+def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile) -> MemoryLimitError:
     """The error for a backward that does not fit, listing the lower-memory methods that do."""
     options = lower_memory(fallbacks(profile), fp, need, limit_bytes)
     message = limit_message(

@@ -44,6 +44,7 @@ from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
 from bppsa.scan._core.methods.base import Method, Supports
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._elements import Dense
 
 EXCHANGES = ("all_gather", "ppermute")
@@ -132,7 +133,7 @@ class Sharded(Method):
             return self.local
         platform = self.mesh.devices.flat[0].platform
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
-        return Auto().scan_method(slice_fp, backend=platform, jacobians=True)
+        return Auto().scan_method(slice_fp, profile=profile_of(platform), jacobians=True)
 
     def forward_for(self, forward: Forward) -> Forward:
         """The forward this method runs in place of ``forward`` (the sequential one):

@@ -1,0 +1,188 @@
+"""One decision per scan: every choice a scan's derivatives depend on, made once, as one value.
+
+A :class:`Decision` holds the backward method, the forward (with Newton's solver), the profile
+those were chosen by, the precision of the library's products and the kernels' switches (the
+profile's). :func:`decide` makes it for a scan over time steps and :func:`decide_chain` for a
+chain of layers, when the scan is traced, from explicit inputs only: the scan's footprint, its
+:class:`~bppsa.scan._core.options.Options` (method or policy, memory limit, forward, precision,
+checks) and the profile of the default backend, resolved here once
+(:func:`bppsa.scan._core.profiles.profile_of`: :func:`bppsa.set_profile`'s profiles are part of
+``jax.jit``'s cache key). The policy is consulted once for the backward; the forward's policy
+(:class:`~bppsa.scan._core.auto_forward.AutoForward`) takes the backward's method as Newton's
+solver. The derivative rules (:mod:`bppsa.scan._core.vjp`, :mod:`bppsa.scan._core.layer_scan`)
+and the plan record (:func:`bppsa.trace_plans`) consume the decision; nothing below it chooses
+again.
+
+A backward that does not fit the memory limit is not an error of the forward: the decision keeps
+the :class:`~bppsa.scan._core.memory.MemoryLimitError` and raises it where the backward is
+traced (:meth:`Decision.backward_method`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from bppsa.scan import _kernels
+from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.memory import MemoryLimitError
+from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
+from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
+from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._core.newton import Newton
+from bppsa.scan._core.options import Options
+from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._precision import Precision
+from bppsa.scan._profile import Kernels, Profile
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.problem import Problem
+
+SEQUENTIAL = SequentialForward()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Decision:
+    """What a scan runs, decided once (see :mod:`bppsa.scan._core.decision`).
+
+    Attributes:
+        requested: the method or policy the scan was asked for.
+        method: the policy's method for this scan (``Sequential()``: plain back-propagation).
+        backward: the method that runs the backward (``method``, or the sequential scan over
+            the Jacobians where plain back-propagation meets a forward other than
+            ``lax.scan``); ``None`` where it does not fit the memory limit (``memory_error``).
+        forward: the forward pass (Newton with its solver picked).
+        forward_because: why, where the forward's policy chose it (``None``: asked for).
+        shares_jacobians: whether the forward hands its Jacobians to the backward.
+        profile: the measured constants the choices were made by.
+        precision: of the library's own products (``None``: ``"highest"``).
+        memory_limit: bytes the backward may use (``None``: the device's available memory).
+        check_finite: whether the backward reports the first non-finite step.
+        memory_error: the memory guard's error, raised where the backward is traced.
+    """
+
+    requested: Method | Policy
+    method: Method
+    backward: Method | None
+    forward: Forward
+    forward_because: str | None
+    shares_jacobians: bool
+    profile: Profile
+    precision: Precision | None
+    memory_limit: float | None
+    check_finite: bool
+    memory_error: MemoryLimitError | None = None
+
+    @property
+    def kernels(self) -> Kernels:
+        """The element kernels' switches (the profile's)."""
+        return self.profile.kernels
+
+    @property
+    def plain(self) -> bool:
+        """Whether the scan is ``lax.scan`` itself, differentiated by JAX."""
+        return not self.method.uses_jacobians and self.forward.sequential
+
+    def backward_method(self) -> Method:
+        """The backward's method.
+
+        Raises:
+            MemoryLimitError: it does not fit the scan's memory limit.
+        """
+        if self.backward is None:
+            raise self.memory_error
+        return self.backward
+
+    @contextlib.contextmanager
+    def library(self) -> Iterator[None]:
+        """The context of the library's own work for this scan: its products' precision and
+        the kernels' switches (:func:`bppsa.scan._kernels.library`), the one place where
+        the derivative rules enter them."""
+        with _kernels.library(self.precision, self.kernels):
+            yield
+
+
+def decide(problem: Problem, options: Options) -> Decision:
+    """The decision for the scan ``problem`` with ``options`` (its own over the enclosing
+    :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, and
+    whether the forward's Jacobians go to the backward."""
+    requested = options.method or Auto()
+    policy = as_policy(requested)
+    profile = policy.profile_or(profile_of())
+    fp, limit = problem.footprint, options.memory_limit
+    check_finite = bool(options.check_finite)
+    error = None
+    try:
+        method = backward = policy.scan_method(fp, limit, profile=profile, jacobians=check_finite)
+    except MemoryLimitError as err:  # the forward runs; the backward's trace raises
+        method = policy.scan_method(fp, math.inf, profile=profile, jacobians=check_finite)
+        backward, error = None, err
+    asked = options.forward or AutoForward()
+    forward_because = None
+    if isinstance(asked, AutoForward):
+        solver = backward if backward is not None and backward.uses_jacobians else None
+        forward, forward_because = asked.forward_for(fp, method, solver, profile)
+    elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
+        # Newton's own question: the solver of its recurrences (its footprint differs with
+        # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
+        # independent of the backward's method. Picked here so that the plan shows it.
+        forward = asked
+        if asked.iterates(problem):
+            chooser = requested if isinstance(requested, Policy) else Auto()
+            forward = dataclasses.replace(asked, solver=asked.solver_for(fp, chooser, profile))
+    else:
+        forward = asked
+    if backward is not None and backward.uses_jacobians:
+        forward = backward.forward_for(forward)
+    if not method.uses_jacobians and not forward.sequential:
+        # lax.scan's own derivatives need lax.scan's forward: back-propagate through the other
+        # forward's trajectory with the sequential scan over the Jacobians instead.
+        try:
+            backward, error = guard(SequentialScan(), fp, limit, profile=profile), None
+        except MemoryLimitError as err:
+            backward, error = None, err
+    shares = (
+        backward is not None
+        and forward.shares_jacobians(problem)
+        and backward.supports.forward_jacobians
+        and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
+    )
+    return Decision(
+        requested=requested,
+        method=method,
+        backward=backward,
+        forward=forward,
+        forward_because=forward_because,
+        shares_jacobians=shares,
+        profile=profile,
+        precision=options.precision,
+        memory_limit=limit,
+        check_finite=check_finite,
+        memory_error=error,
+    )
+
+
+def decide_chain(work: Callable[[], ChainWork], options: Options) -> Decision:
+    """The decision for a chain of layers (``Chain.apply``): the policy's method for the
+    chain's ``work`` (its forward is the layers' own; the chain's memory guard, which needs
+    the layers' maps, runs where the backward is traced)."""
+    requested = options.method or Auto()
+    policy = as_policy(requested)
+    profile = policy.profile_or(profile_of())
+    method = policy.chain_method(work, profile=profile)
+    return Decision(
+        requested=requested,
+        method=method,
+        backward=method,
+        forward=SEQUENTIAL,
+        forward_because=None,
+        shares_jacobians=False,
+        profile=profile,
+        precision=options.precision,
+        memory_limit=options.memory_limit,
+        check_finite=bool(options.check_finite),
+    )
