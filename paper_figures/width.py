@@ -6,7 +6,7 @@ grid: each point is then the median over the runs, its bar the runs' range). A p
 backward time is not resolved (the gradient's rounds inside the forward's spread) is left out
 and named in the caption.
 
-Run: ``python -m paper_figures.width benchmarks/results/width/cpu_h_run*.json [--out DIR]``;
+Run: ``python -m paper_figures.width benchmarks/results/width/cpu_h_seq_run*.json [--out DIR]``;
 writes ``width.png`` and ``width.pdf`` (default folder: ``figures/`` beside the first file).
 """
 
