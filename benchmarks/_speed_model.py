@@ -109,7 +109,7 @@ def floor_seconds(method_cost: cost.Cost | None, step_s: float, gemm_flops: floa
 
 def backward_count(backward) -> dict | None:
     """The HLO count of a compiled backward program (the pullback applied to saved residuals,
-    :class:`timing.GradientPrograms`), ``None`` if it cannot be read."""
+    :class:`experiments.timing.GradientPrograms`), ``None`` if it cannot be read."""
     try:
         count = hlo_cost.count(backward)
     except Exception:  # the count is a report: never a reason to lose the row

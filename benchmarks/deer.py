@@ -6,7 +6,7 @@ forward pass by Newton iterations on the whole trajectory. Its demo: a GRU of hi
 user gives (``--deer-path``: a checkout whose ``deer`` package imports ``seq1d`` and ``DEER``
 from ``deer.fseq1d``; its pinned JAX is old, so patch that scratch copy, never this project) and
 times, interleaved round by round, each timed call right after an untimed call of itself
-(:func:`timing.interleaved`): ``lax.scan``; ``bppsa.scan(..., forward=bppsa.Newton())`` with the
+(:func:`experiments.timing.interleaved`): ``lax.scan``; ``bppsa.scan(..., forward=bppsa.Newton())`` with the
 GRU's analytic Jacobians under ``Auto()`` (the default: on CPUs each iteration's linear
 recurrence is then the sequential scan) and under ``Blelloch()`` (the parallel scan); and DEER's
 ``seq1d``.
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import GRU, gru_cell
+from experiments.timing import interleaved, min_median
 from results_io import write_json
-from timing import interleaved, min_median
 
 METHODS = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
 

@@ -20,7 +20,7 @@ program (below): elsewhere it is ``total - forward``.
   fastest run is slower than the fastest whole gradient is an artefact of timing it alone, as BP
   at RNN B = 1 there, and is left out), and a speed JSON's ``backward_ms`` / ``bp_backward_ms``
   where the payload, the row or the method entry says ``"backward": "pullback"``
-  (:data:`results_io.PULLBACK`: the key the timing harness, :mod:`timing`, writes).
+  (:data:`results_io.PULLBACK`: the key the timing harness, :mod:`experiments.timing`, writes).
 * Costs: the library's own model (``method.cost(footprint)``, :mod:`bppsa.scan._core.cost`),
   the one ``Auto()`` ranks methods by on accelerators, not HLO counts: in the H200's speed rows
   ``hlo_backward`` was the compiled gradient minus the compiled standalone forward, again two

@@ -8,7 +8,7 @@ forward of the same loss as different programs:
 * ``standalone``: ``benchmarks.speed``'s standalone forward, the jitted loss through one
   ``lax.scan`` over a batched state (no residuals kept);
 * ``vjp``: the forward of ``jax.vjp`` of that loss, the forward inside BP's gradient (the
-  program :class:`timing.GradientPrograms` times as ``forward``: the loss and the residuals);
+  program :class:`experiments.timing.GradientPrograms` times as ``forward``: the loss and the residuals);
 * ``vmapped_standalone`` and ``vmapped_vjp``: the same with a ``lax.scan`` over one example,
   ``jax.vmap``-ed over the batch (how ``direct_backward.py`` beside the H200 results wrote BP);
 * ``<method>_standalone`` and ``<method>_vjp``: BPPSA's loss (a ``bppsa.scan`` over one example
@@ -18,8 +18,8 @@ and prints, per program, its while loops read from the compiled HLO (``compiled.
 the iterations (XLA's ``known_trip_count``; fewer than T means unrolled), what each loop carries,
 and per iteration the kernels of its body (fusions with their kind and the ops fused into them,
 dots, custom calls, copies; each one launch on a GPU) and of its condition; then the wall-clock
-per call and per step (:func:`timing.interleaved`, medians), and on a GPU the device's kernel
-time per call and per step (:func:`timing.kernel_time`; on a CPU the reason there is none).
+per call and per step (:func:`experiments.timing.interleaved`, medians), and on a GPU the device's kernel
+time per call and per step (:func:`experiments.timing.kernel_time`; on a CPU the reason there is none).
 Where the kernels' time per step is alike and the wall-clock is not, the difference is the
 host's (launches, the loop's control), not the device's work.
 
@@ -52,8 +52,8 @@ from collections.abc import Callable, Iterator
 import jax
 import jax.numpy as jnp
 
-import timing
 from benchmarks import speed
+from experiments import timing
 
 # Instructions that launch nothing: they name, slice by address or group buffers.
 FREE = frozenset(["parameter", "constant", "get-tuple-element", "tuple", "bitcast"])
@@ -201,7 +201,7 @@ def loops(hlo: str) -> list[Loop]:
 
 
 def _vjp_forward(loss: Callable[..., jax.Array]) -> Callable:
-    """The forward of ``jax.vjp`` w.r.t. the first argument, as :class:`timing.GradientPrograms`
+    """The forward of ``jax.vjp`` w.r.t. the first argument, as :class:`experiments.timing.GradientPrograms`
     compiles it."""
 
     def forward(params, *args):

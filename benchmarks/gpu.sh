@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU report: every benchmark with a speed or accuracy claim, on one CUDA GPU (JAX's GPU
 # backend), in ONE device call of at most ~8.5 minutes (limit_s below, JAX's start included in
-# each step). Every gradient is timed by the timing package: the whole gradient, its forward
+# each step). Every gradient is timed by the timing package (experiments/timing): the whole gradient, its forward
 # and its backward, each its own program ("backward": "pullback" in every file). In order, each
 # step within its budget and the run's deadline (a step not started in time is left out; the
 # files keep what finished):

@@ -12,7 +12,7 @@ its folder; the parameters of one method's checkpoint, ``--method``) or at its i
   largest value;
 * with ``--rounds N``: the forward of the whole batch (``jax.vmap`` over the windows), Newton
   against ``lax.scan``, each its own program, timed round by round right after an untimed call
-  of itself (:func:`timing.interleaved`), minimum and median.
+  of itself (:func:`experiments.timing.interleaved`), minimum and median.
 
 Rows are appended to a JSON-lines file (``--out``) as they finish; a rerun skips the rows it
 finds. Run: ``.venv/bin/python -m benchmarks.newton_lm --run results/char_lm/quick-diagonal-gru
@@ -34,8 +34,8 @@ import numpy as np
 
 import bppsa
 from experiments.char_lm import CELLS, CHECKPOINT, CONFIG, Config, load_checkpoint, load_corpus
+from experiments.timing import interleaved, min_median
 from results_io import JsonLines
-from timing import interleaved, min_median
 
 
 def load_model(args):

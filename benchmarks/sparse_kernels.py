@@ -1,7 +1,7 @@
 """Sparse kernels of ``bppsa.scan``: which numeric phase, and when dense is cheaper.
 
 Measures, jitted, on this machine (interleaved repeats, each timed call right after an untimed
-call of itself, :func:`timing.interleaved`; min and median):
+call of itself, :func:`experiments.timing.interleaved`; min and median):
 
 * ``spgemm``: the numeric phase of a fixed-pattern SpGEMM, the padded-row sum (pairs padded
   per output entry, the pad gathering an appended zero: no scatter) against a flat
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bppsa.scan._sparse import METHODS, Pattern, Sparse, _pairs, product_plan, spgemm_values
-from timing import interleaved
+from experiments.timing import interleaved
 
 ROOT = pathlib.Path(__file__).resolve().parent
 SECTIONS = ("spgemm", "spmv", "pair_ratio", "storage")
@@ -113,7 +113,7 @@ def values_for(pattern: Pattern, vbatch=(), seed: int = 0) -> jax.Array:
 
 def measure(fns: dict, args: dict, repeats: int) -> dict:
     """Jits every function, then times them interleaved round by round, each timed call right
-    after an untimed call of itself (:func:`timing.interleaved`); ms per call."""
+    after an untimed call of itself (:func:`experiments.timing.interleaved`); ms per call."""
     calls = {name: functools.partial(jax.jit(fn), *args[name]) for name, fn in fns.items()}
     times = interleaved(calls, repeats)
     return {

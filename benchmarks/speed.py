@@ -3,15 +3,15 @@ the gradient timed as its own program.
 
 For the paper's classifiers (input 1, hidden H, linear head on the last state), over a T sweep at
 B = 16, a B sweep at T = 1000 and, with ``--hiddens``, an H sweep, in ONE process, with the
-timing harness (:mod:`timing`: every program once per round, each timed call right after an
-untimed call of itself, so that load on a shared machine hits all alike; medians and minima over
+timing harness (:mod:`experiments.timing`: every program once per round, each timed call right after
+an untimed call of itself, so that load on a shared machine hits all alike; medians and minima over
 the rounds), for
 
 * BP: the loss through a batched ``lax.scan``, differentiated by JAX;
 * BPPSA: the same loss written the intended way (a ``bppsa.scan`` over one example,
   ``jax.vmap``-ed over the batch), with each method bound in the scan;
 
-three programs each (:class:`timing.GradientPrograms`): the whole gradient (``total``,
+three programs each (:class:`experiments.timing.GradientPrograms`): the whole gradient (``total``,
 ``jax.value_and_grad``), the forward as it runs inside it (``forward``, the forward of
 ``jax.vjp``: the loss and the residuals) and the backward (``backward``, the jitted pullback
 applied to saved residuals). No time is a difference of two programs: the file and every row say
@@ -68,7 +68,6 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-import timing
 from benchmarks import _speed_model
 from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's interface)
     DRY_RUN,
@@ -90,6 +89,7 @@ from benchmarks._speed_cli import parse_args as _parse_args
 from benchmarks._speed_rows import empty_row, print_row
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
+from experiments import timing
 from results_io import PULLBACK
 from results_io import methods as method_names
 
@@ -219,8 +219,8 @@ def measure(
             ``MIN_ROUNDS``); ``None``: no budget.
         memory_limit: the scans' (``None``: the device's available memory).
         gemm_gflops: the large matrix product's rate measured in this run (for the floors).
-        clock: the clock of the timed rounds (:func:`timing.interleaved`); a test passes a
-            fake one.
+        clock: the clock of the timed rounds (:func:`experiments.timing.interleaved`); a test passes
+            a fake one.
     """
     row, start = empty_row(config, methods), time.perf_counter()
     try:

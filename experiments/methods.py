@@ -13,7 +13,8 @@ each a parallel scan). Only the BPPSA methods take it: ``bp`` is the reference, 
 through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
 
 :func:`bind` fixes a method, a forward and a memory limit inside a loss, for a gradient taken
-apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback, :mod:`timing`).
+apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback,
+:mod:`experiments.timing`).
 """
 
 from __future__ import annotations
@@ -155,8 +156,8 @@ def bind(
 
     ``jax.value_and_grad(bind(loss, method=m))`` is ``bppsa.value_and_grad(loss, method=m)``;
     ``jax.vjp`` of it runs the same forward, and its pullback the same backward, also when the
-    pullback is traced apart from the forward (:class:`timing.GradientPrograms`): a scan takes
-    its options when its forward is traced, here inside ``loss``.
+    pullback is traced apart from the forward (:class:`experiments.timing.GradientPrograms`): a scan
+    takes its options when its forward is traced, here inside ``loss``.
 
     bppsa has no public ``vjp`` with these options yet; until it has, this reads the options
     through the library's own context (:func:`bppsa.scan._core.options.ambient`, what

@@ -17,7 +17,8 @@ from results_io.files import (
 )
 
 # A result file's (or row's) "backward" when each backward time is the jitted pullback of a
-# jax.vjp timed as its own program (the timing package), never a gradient minus a forward.
+# jax.vjp timed as its own program (the experiments.timing package), never a gradient minus a
+# forward.
 PULLBACK = "pullback"
 
 __all__ = [

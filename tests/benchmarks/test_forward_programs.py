@@ -6,8 +6,8 @@ import json
 
 import jax
 
-import timing
 from benchmarks import forward_programs, speed
+from experiments import timing
 
 MODULE = """HloModule jit_f, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
 

@@ -127,7 +127,7 @@ def test_a_method_bound_in_a_loss_runs_in_a_pullback_traced_apart():
     import jax.numpy as jnp
 
     from experiments.methods import bind
-    from timing import GradientPrograms
+    from experiments.timing import GradientPrograms
 
     xs = jnp.linspace(-1.0, 1.0, 17)
 
