@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import bppsa
 from bppsa.models import GRU, gru_cell
 from experiments.timing import interleaved, min_median
-from results_io import write_json
+from paper_figures.result_files import write_json
 
 METHODS = {"auto": bppsa.Auto(), "blelloch": bppsa.Blelloch()}
 

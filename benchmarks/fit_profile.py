@@ -20,7 +20,8 @@ program (below): elsewhere it is ``total - forward``.
   fastest run is slower than the fastest whole gradient is an artefact of timing it alone, as BP
   at RNN B = 1 there, and is left out), and a speed JSON's ``backward_ms`` / ``bp_backward_ms``
   where the payload, the row or the method entry says ``"backward": "pullback"``
-  (:data:`results_io.PULLBACK`: the key the timing harness, :mod:`experiments.timing`, writes).
+  (:data:`paper_figures.result_files.PULLBACK`: the key the timing harness,
+  :mod:`experiments.timing`, writes).
 * Costs: the library's own model (``method.cost(footprint)``, :mod:`bppsa.scan._core.cost`),
   the one ``Auto()`` ranks methods by on accelerators, not HLO counts: in the H200's speed rows
   ``hlo_backward`` was the compiled gradient minus the compiled standalone forward, again two
@@ -63,7 +64,7 @@ from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._profile import Profile, get_profile
-from results_io import PULLBACK, read_json, read_rows, write_json
+from paper_figures.result_files import PULLBACK, read_json, read_rows, write_json
 
 METHODS = {repr(m): m for m in ACCELERATOR_CHOICES}  # what Auto() ranks on accelerators
 BP = METHODS["Sequential()"]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, LSTM, RNN
-from results_io import methods as names
+from paper_figures.result_files import methods as names
 
 LENGTH, BATCH, HIDDEN = 1000, 16, 20
 METHODS = {

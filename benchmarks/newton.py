@@ -51,7 +51,7 @@ import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
 from experiments.timing import GradientPrograms, interleaved, ms_fields, time_gradients, timed
-from results_io import PULLBACK, JsonLines
+from paper_figures.result_files import PULLBACK, JsonLines
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
 QUICK_T = (100, 1_000)

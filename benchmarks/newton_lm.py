@@ -35,7 +35,7 @@ import numpy as np
 import bppsa
 from experiments.char_lm import CELLS, CHECKPOINT, CONFIG, Config, load_checkpoint, load_corpus
 from experiments.timing import interleaved, min_median
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 
 def load_model(args):

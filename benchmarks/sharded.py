@@ -39,8 +39,8 @@ import platform
 import subprocess
 import sys
 
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

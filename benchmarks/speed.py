@@ -90,8 +90,8 @@ from benchmarks._speed_rows import empty_row, print_row
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
 from experiments import timing
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
 BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured

@@ -87,8 +87,8 @@ from benchmarks.accuracy import (
     to64,
     trajectory,
 )
-from results_io import methods as method_names
-from results_io.files import write_json
+from paper_figures.result_files import methods as method_names
+from paper_figures.result_files.files import write_json
 
 LENGTHS = (1000, 10_000, 30_000)
 QUICK_LENGTHS = (100, 1000)

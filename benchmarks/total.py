@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from experiments import timing
-from results_io import PULLBACK, write_json
+from paper_figures.result_files import PULLBACK, write_json
 
 CELLS = {"rnn": (RNN, rnn_cell), "gru": (GRU, gru_cell), "lstm": (LSTM, lstm_cell)}
 SCANS = {"bp": jax.lax.scan, "bppsa": bppsa.scan}  # the default method: Auto()

@@ -49,8 +49,8 @@ from bppsa.models import (
 )
 from experiments.methods import parse_method
 from experiments.timing import GradientPrograms, ms_fields, time_gradients
-from results_io import PULLBACK, write_json
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK, write_json
+from paper_figures.result_files import methods as method_names
 
 
 def indrnn_user(params, h, x):
@@ -80,8 +80,8 @@ METHODS = {
 
 def method_of(name: str) -> bppsa.Method:
     """A method by name: those of ``METHODS``, or any of the project's method names
-    (:data:`results_io.methods.FORMS`, e.g. ``blelloch-b16``: ``Blelloch()`` in time blocks of
-    16 steps)."""
+    (:data:`paper_figures.result_files.methods.FORMS`, e.g. ``blelloch-b16``: ``Blelloch()`` in time
+    blocks of 16 steps)."""
     if name in METHODS:
         return METHODS[name]
     return parse_method(name, method_names.FORMS)

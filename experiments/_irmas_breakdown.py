@@ -46,7 +46,7 @@ from bppsa.models import SequenceClassifier
 from experiments._records import resume_points
 from experiments.methods import bind
 from experiments.timing import QUANTITIES, GradientPrograms, interleaved, quartiles
-from results_io import PULLBACK, JsonLines
+from paper_figures.result_files import PULLBACK, JsonLines
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 GRADIENTS = ("bp", "bppsa")

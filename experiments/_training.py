@@ -63,7 +63,7 @@ from experiments._records import (
 )
 from experiments.methods import SEQUENTIAL_FORWARD, bind, forward_of, parse_forward, parse_method
 from experiments.timing import GradientPrograms, interleaved, timed
-from results_io import PULLBACK, JsonLines
+from paper_figures.result_files import PULLBACK, JsonLines
 
 Batch = tuple[Any, ...]
 METRICS = "metrics.jsonl"

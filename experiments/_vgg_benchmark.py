@@ -40,8 +40,8 @@ import bppsa
 from experiments import _vgg_model
 from experiments.methods import bind
 from experiments.timing import GradientPrograms, ms_fields, quartiles, time_gradients
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 _DIGITS = 7
 
@@ -275,7 +275,7 @@ def run(
 
     from bppsa.models import sparsity_of
     from experiments._records import resume_points, run_metadata
-    from results_io import JsonLines, write_json
+    from paper_figures.result_files import JsonLines, write_json
 
     out_dir = pathlib.Path(out_dir)
     log = JsonLines(out_dir / POINTS)

@@ -234,7 +234,7 @@ def run(
     from tqdm.auto import tqdm
 
     from experiments._records import resume_points
-    from results_io import JsonLines
+    from paper_figures.result_files import JsonLines
 
     log = JsonLines(pathlib.Path(out_dir) / POINTS)
     if overwrite:

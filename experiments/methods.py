@@ -1,5 +1,5 @@
-"""The backward method of each name of :mod:`results_io.methods`: the one place where a name
-becomes a ``bppsa`` method object.
+"""The backward method of each name of :mod:`paper_figures.result_files.methods`: the one place
+where a name becomes a ``bppsa`` method object.
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
 differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: on
@@ -25,7 +25,7 @@ from typing import Any
 
 import bppsa
 from bppsa.scan._core.options import Options, ambient
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 __all__ = [
     "FORWARDS",

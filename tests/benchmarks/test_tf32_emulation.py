@@ -10,7 +10,7 @@ from benchmarks import _tf32
 from benchmarks import tf32_emulation as tf32e
 from bppsa.models import GRU, RNN
 from bppsa.scan import _precision
-from results_io.files import read_json
+from paper_figures.result_files.files import read_json
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from experiments import _char_lm_config as configs
 from experiments import _char_lm_runs as runs
 from experiments import char_lm
-from results_io import read_json, read_rows
+from paper_figures.result_files import read_json, read_rows
 
 WORKS = ("alpha", "beta", "gamma", "delta", "epsilon")
 LINES = (

@@ -1,7 +1,7 @@
-"""The backward methods' names (``results_io.methods``): every form becomes its ``bppsa`` method
-in one place (``experiments.methods``), each command takes its forms and refuses the others
-naming the valid ones, and the names in the figures and in the committed result files are the
-vocabulary's."""
+"""The backward methods' names (``paper_figures.result_files.methods``): every form becomes its
+``bppsa`` method in one place (``experiments.methods``), each command takes its forms and refuses
+the others naming the valid ones, and the names in the figures and in the committed result files are
+the vocabulary's."""
 
 import json
 import pathlib
@@ -13,7 +13,7 @@ from benchmarks import _speed_cli
 from experiments import _vgg_model
 from experiments.methods import parse_method
 from paper_figures import _style
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 # benchmarks.sharded names the exchanges of bppsa.Sharded (and "bp"), not methods by name;
