@@ -1,6 +1,7 @@
 """``make mutate``: mutmut over the structure analysis, the structured elements, Auto's
-structured rule and the timing summary, within a time bound; writes ``results/mutate/report.{txt,json}`` and prints the
-text (counts, wall time, and each survivor with file, line and diff).
+structured rule and the timing summary, within a time bound; writes
+``results/mutate/report.{txt,json}`` and prints the text (counts, wall time, and each survivor
+with file, line and diff).
 
 Run from the repository root, in the environment that has the ``mutate`` extra::
 
