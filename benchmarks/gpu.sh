@@ -18,10 +18,7 @@
 #      char_lm_gpu/
 #   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
 #      and quasi-Newton's forward on a dense autodiff GRU: newton_gpu.jsonl
-#   7. why a standalone lax.scan forward runs slower than the one inside a gradient
-#      (benchmarks/forward_programs.py, at XLA's defaults and with every loop body a CUDA graph):
-#      forward_programs_gpu.json, forward_programs_graphs_gpu.json
-#   8. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
+#   7. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
 #      (sharded_gpu.json), the pruned VGG-11's backward over its layers (vgg11_gpu/).
 # Runs with the machine's python3 (a CUDA build of JAX, numpy, optax; no virtual environment):
 # the project goes on PYTHONPATH. Everything goes to $OUT (the device tool's output folder),
@@ -177,17 +174,7 @@ dense_args=(--require-backend gpu --cases --dense-quasi 256 4096 8 --dense-quasi
 step dense_quasi 30 15 python3 -m benchmarks.newton "${dense_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
-# 7. The forward as each program compiles it, at XLA's defaults and with every while body a
-# CUDA graph (does the standalone forward's small loop body miss the command buffers?).
-forward_args=(--cell rnn --length 10000 --batch 16 --hidden 20)
-((dry)) && forward_args=(--cell rnn --length 5 --batch 2 --hidden 3 --rounds 1)
-step forward_programs 25 15 python3 -m benchmarks.forward_programs "${forward_args[@]}" \
-    --json "$results/forward_programs_gpu.json"
-step forward_programs_graphs 25 15 env XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 \
-    python3 -m benchmarks.forward_programs "${forward_args[@]}" \
-    --json "$results/forward_programs_graphs_gpu.json"
-
-# 8. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
+# 7. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
 # the dense scan does ~H times BP's arithmetic; where does it stop paying?), the most expensive
 # last; bppsa.Sharded on this device (P = 1: its path runs on a GPU); the pruned VGG-11.
 h_args=(--require-backend gpu --methods auto blelloch chunked --cells rnn --lengths --batches

@@ -22,17 +22,17 @@ alone (on an H200, BP's pullback alone took longer than its whole gradient).
 
 Also reported: the standalone forward (``standalone_forward_ms``: the jitted loss through the
 batched ``lax.scan``, no residuals kept; NOT the forward inside any gradient: on an H200 it ran
-about twice as long per step, see :mod:`benchmarks.forward_programs`), the scan's modelled
-work and the rate it achieved in the backward next to a large matrix product's GFLOP/s measured
-in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's peak
-temporary memory of each compiled gradient, and the minor page faults per gradient call
-(counted over a few calls after the timed rounds: glibc maps the temporary buffers of some calls
-anew, depending on the process's allocation history; its ``MALLOC_*`` environment variables
-change that, and the times with it). For the cells with structured Jacobians, the two parts of a
-parallel backward are timed alone in the same rounds (:mod:`benchmarks._speed_model`): the chain
-(the sequential scan of ``T`` dependent steps) and the steps' VJP w.r.t. the parameters over
-``Auto()``'s blocks; against their sum, a method's backward shows what it adds to its parts, and
-BP's backward over the sum is the speedup such a backward reaches when its parts cost what they
+about twice as long per step, a finding of the retired benchmarks/forward_programs.py),
+the scan's modelled work and the rate it achieved in the backward next to a large matrix
+product's GFLOP/s measured in the same run, what each method ran (``Auto()``'s pick, after the
+memory guard), XLA's peak temporary memory of each compiled gradient, and the minor page faults per
+gradient call (counted over a few calls after the timed rounds: glibc maps the temporary buffers of
+some calls anew, depending on the process's allocation history; its ``MALLOC_*`` environment
+variables change that, and the times with it). For the cells with structured Jacobians, the two
+parts of a parallel backward are timed alone in the same rounds (:mod:`benchmarks._speed_model`):
+the chain (the sequential scan of ``T`` dependent steps) and the steps' VJP w.r.t. the parameters
+over ``Auto()``'s blocks; against their sum, a method's backward shows what it adds to its parts,
+and BP's backward over the sum is the speedup such a backward reaches when its parts cost what they
 cost alone. The HLO count of every backward program (kernels in sequence, flops, bytes) and its
 time on the CPU profile stand beside its measured time.
 

@@ -99,7 +99,7 @@ def test_the_real_run_measures_the_papers_grids_first_larger_hidden_sizes_later(
     assert configs[-1].key == ("rnn", 1000, 256, 1024)  # the most expensive last
     text = SCRIPT.read_text()
     order = ["benchmarks.speed", "benchmarks.accuracy", "benchmarks.total", "benchmarks.width",
-             "experiments.char_lm", "benchmarks.newton", "benchmarks.forward_programs"]  # fmt: skip
+             "experiments.char_lm", "benchmarks.newton"]  # fmt: skip
     assert [text.index(f"python3 -m {name}") for name in order] == sorted(
         text.index(f"python3 -m {name}") for name in order
     )
@@ -141,12 +141,6 @@ def test_dry_run_times_the_library_at_both_precisions(dry_run):
     (row,) = json.loads((out / "total_gpu.json").read_text())["rows"]
     for name in ("bp", "bppsa", "bppsa_default"):
         assert all(row[f"{name}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
-
-
-def test_dry_run_compiles_the_forward_programs_twice(dry_run):
-    _, out = dry_run
-    for name in ("forward_programs_gpu.json", "forward_programs_graphs_gpu.json"):
-        assert json.loads((out / name).read_text())
 
 
 def test_dry_run_runs_the_width_rows(dry_run):

@@ -16,12 +16,12 @@ call of itself, :func:`experiments.timing.interleaved`; min and median):
   ``J^T`` (sparse @ sparse against the SpMM gathers of a dense operand): the density above which
   the dense form wins (``DENSIFY_DENSITY``).
 
-Run: ``.venv/bin/python -m benchmarks.sparse_kernels`` (about two minutes on 2 cores), or with
+Run: ``.venv/bin/python -m benchmarks.tools.sparse_kernels`` (about two minutes on 2 cores), or with
 ``--sections``, ``--repeats``, ``--out``. Results: JSON written atomically after each section
-(``results/sparse_kernels_cpu.json`` by default) and a printed table.
+(``benchmarks/results/sparse_kernels_cpu.json`` by default) and a printed table.
 
-Measured (results/sparse_kernels_cpu.json: XLA CPU, 2 cores shared with other jobs, JAX 0.10.2,
-float32, medians of 10 interleaved repeats, ms):
+Measured (benchmarks/results/sparse_kernels_cpu.json: XLA CPU, 2 cores shared with other jobs, JAX
+0.10.2, float32, medians of 10 interleaved repeats, ms):
 
 * SpGEMM, padded / bucketed / segment: conv @ conv (6.7M pairs, 5x padding) 38.4 / 23.1 / 8.9;
   per example (B = 8) 298 / 170 / 90; ReLU diagonal (B = 16) @ conv (no padding) 0.60 / 0.98 /
@@ -56,7 +56,7 @@ import numpy as np
 from bppsa.scan._sparse import METHODS, Pattern, Sparse, _pairs, product_plan, spgemm_values
 from experiments.timing import interleaved
 
-ROOT = pathlib.Path(__file__).resolve().parent
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]
 SECTIONS = ("spgemm", "spmv", "pair_ratio", "storage")
 
 
@@ -330,7 +330,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds after warm-up")
-    default_out = ROOT / "results" / "sparse_kernels_cpu.json"
+    default_out = BENCHMARKS / "results" / "sparse_kernels_cpu.json"
     parser.add_argument("--out", type=pathlib.Path, default=default_out)
     args = parser.parse_args(argv)
     if args.repeats < 1:
