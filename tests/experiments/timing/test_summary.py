@@ -37,4 +37,4 @@ def test_every_name_is_summarized_on_its_own():
 
 def test_quartiles_are_the_median_and_quartiles_not_the_mean():
     assert quartiles([10.0, 1.0, 2.0]) == {"median": 2.0, "q1": 1.5, "q3": 6.0}
-    assert quartiles([1.0, 2.0, 10.0], digits=0) == {"median": 2.0, "q1": 2.0, "q3": 6.0}
+    assert quartiles([1.25, 2.0, 10.0], digits=1) == {"median": 2.0, "q1": 1.6, "q3": 6.0}
