@@ -12,6 +12,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The editable installs are exact (dev-mode-exact in pyproject.toml): they expose bppsa alone,
+# never the repository root, so `import experiments` (or benchmarks, paper_figures) works only
+# from the repository root, where pytest and `python -m` put it on sys.path.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
