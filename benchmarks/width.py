@@ -70,21 +70,13 @@ CELLS = {
     "indrnn-user": (IndRNN(), indrnn_user),
     "indrnn-dense": (IndRNN(), indrnn_opaque),
 }
-METHODS = {
-    "auto": bppsa.Auto(),
-    "blelloch": bppsa.Blelloch(),
-    "sequential-scan": bppsa.SequentialScan(),
-    "chunked": bppsa.Chunked(),
-}
 
 
 def method_of(name: str) -> bppsa.Method:
-    """A method by name: those of ``METHODS``, or any of the project's method names
-    (:data:`paper_figures.result_files.methods.FORMS`, e.g. ``blelloch-b16``: ``Blelloch()`` in time
-    blocks of 16 steps)."""
-    if name in METHODS:
-        return METHODS[name]
-    return parse_method(name, method_names.FORMS)
+    """A method by name: any of the project's method names or their aliases
+    (:data:`paper_figures.result_files.methods.NAMES`, e.g. ``auto``, ``sequential-scan``,
+    ``blelloch-b16``: ``Blelloch()`` in time blocks of 16 steps)."""
+    return parse_method(method_names.canonical(name), method_names.FORMS)
 
 
 def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):

@@ -43,21 +43,8 @@ __all__ = [
 ]
 
 # The names the experiments take for a scan over time, and for a chain of layers.
-OVER_TIME = (
-    method_names.BP,
-    method_names.BPPSA,
-    method_names.BLELLOCH,
-    method_names.CHUNKED,
-    method_names.CHUNKED_CHUNKS,
-    method_names.SEQUENTIAL_JACOBIANS,
-)
-OVER_LAYERS = (
-    method_names.BP,
-    method_names.BPPSA,
-    method_names.BLELLOCH,
-    method_names.BLELLOCH_LEVELS,
-    method_names.SEQUENTIAL_JACOBIANS,
-)
+OVER_TIME = method_names.OVER_TIME
+OVER_LAYERS = method_names.OVER_LAYERS
 
 
 # The names of the forward passes (``--forward``), the default first.
@@ -76,20 +63,15 @@ def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method | 
 
 
 def build(name: method_names.Name) -> bppsa.Method | bppsa.Policy:
-    """The method object of a parsed name: a plain name through the library's own table
-    (:func:`bppsa.scan.resolve`), a name with numbers in it by its numbers."""
-    if name.form in method_names.LIBRARY:
-        return bppsa.scan.resolve(method_names.LIBRARY[name.form])
-    if name.form == method_names.BLELLOCH_LEVELS:
-        return bppsa.Blelloch(levels=name.levels)
-    if name.form == method_names.BLELLOCH_BLOCKED:
-        return bppsa.Blocked(bppsa.Blelloch(), name.block)
-    if name.form in (method_names.CHUNKED_CHUNKS, method_names.CHUNKED_BLOCKED):
-        chunked = bppsa.Chunked(name.chunks)
-        return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
-    if name.form == method_names.SEQUENTIAL_JACOBIANS_BLOCKED:
-        return bppsa.Blocked(bppsa.SequentialScan(), name.block)
-    raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")
+    """The method object of a parsed name: the library's method of its form
+    (:func:`bppsa.scan.resolve` of the table's name), with the numbers in the name (``levels``,
+    ``chunks``), in time blocks of ``block`` steps if the name has one."""
+    method = bppsa.scan.resolve(method_names.FORM[name.form].library)
+    numbers = {"levels": name.levels, "chunks": name.chunks}
+    numbers = {key: value for key, value in numbers.items() if value is not None}
+    if numbers:
+        method = type(method)(**numbers)
+    return method if name.block is None else bppsa.Blocked(method, name.block)
 
 
 def is_baseline(name: str, forms: Sequence[str] = OVER_TIME) -> bool:

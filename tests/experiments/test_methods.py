@@ -9,9 +9,9 @@ import pathlib
 import pytest
 
 import bppsa
-from benchmarks import _speed_cli
+from benchmarks import _speed_cli, width
 from experiments import _vgg_model
-from experiments.methods import parse_method
+from experiments.methods import OVER_LAYERS, OVER_TIME, parse_method
 from paper_figures import _style
 from paper_figures.result_files import methods as method_names
 
@@ -143,3 +143,23 @@ def test_a_method_bound_in_a_loss_runs_in_a_pullback_traced_apart():
     assert jnp.allclose(jax.value_and_grad(bound)(0.5, xs)[1], expected)
     with pytest.raises(ValueError, match="'magic' is not a known backward method"):
         bind(loss, method="magic")  # refused before any tracing
+
+
+def test_one_table_of_names_and_every_view_of_it():
+    # Each command's forms, the library's names, the labels: views of the one table, NAMES.
+    table = method_names.NAMES
+    assert tuple(form.name for form in table) == method_names.FORMS
+    assert tuple(form.name for form in table if form.over_time) == OVER_TIME
+    assert tuple(form.name for form in table if form.over_layers) == OVER_LAYERS
+    assert set(method_names.LABELS) == set(method_names.SHORT) == set(method_names.TABLE)
+    for form in table:
+        assert form.library in bppsa.scan.METHODS, form
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"), [("auto", "bppsa"), ("sequential-scan", "sequential-jacobians")]
+)
+def test_the_librarys_names_are_aliases_resolved_in_one_place(alias, name):
+    assert method_names.canonical(alias) == name
+    assert method_names.label(alias) == method_names.label(name)
+    assert width.method_of(alias) == parse_method(name, method_names.FORMS)
