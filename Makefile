@@ -12,6 +12,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# The editable installs are exact (dev-mode-exact in pyproject.toml): they expose bppsa alone,
+# never the repository root, so `import experiments` (or benchmarks, paper_figures) works only
+# from the repository root, where pytest and `python -m` put it on sys.path.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
@@ -78,11 +81,12 @@ shakespeare: $(STAMP)
 
 # Mutation testing (mutmut) of the structure analysis (bppsa/scan/_core/element_flow.py,
 # structure.py, dependence.py), the structured elements (bppsa/scan/_blocks.py, the Diagonal
-# class of _elements.py) and Auto's structured rule (choose, parallel, for_footprint,
-# _parallel_pays, _power_of_two of methods/auto.py) against tests/core/test_structure*.py,
-# test_check_structure*.py, test_auto_rules.py, tests/scan/test_blocks.py and
-# test_diagonal_elements.py; the scope is in mutation/scope.py, mutation/run.py and
-# [tool.mutmut] of pyproject.toml. mutmut 3 rather than cosmic-ray:
+# class of _elements.py), Auto's structured rule (choose, scan_method, _parallel_pays,
+# _power_of_two of methods/auto.py) and the timing summary (experiments/timing/summary.py)
+# against tests/core/test_structure*.py, test_check_structure*.py, test_auto_rules.py,
+# tests/scan/test_blocks.py, test_diagonal_elements.py and tests/experiments/timing/; the scope
+# is in tests/mutation/scope.py, tests/mutation/run.py and [tool.mutmut] of pyproject.toml.
+# mutmut 3 rather than cosmic-ray:
 # it mutates a copy in mutants/ (gitignored) where cosmic-ray rewrites the checked-out files
 # that others test at the same time; it selects a class's methods by name (Diagonal); it runs
 # only the tests that reach each mutated function; and its fork server keeps JAX, which is not
@@ -96,7 +100,7 @@ shakespeare: $(STAMP)
 MUTATE_CHILDREN ?= 2
 MUTATE_LIMIT ?= 2280
 mutate: $(MUTATE_STAMP)
-	$(BIN)/python -m mutation.run --children $(MUTATE_CHILDREN) --limit $(MUTATE_LIMIT) \
+	$(BIN)/python -m tests.mutation.run --children $(MUTATE_CHILDREN) --limit $(MUTATE_LIMIT) \
 		$(if $(MUTATE_FULL),--full) $(MUTATE_ONLY)
 
 format: $(STAMP)

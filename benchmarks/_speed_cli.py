@@ -12,8 +12,8 @@ import pathlib
 
 import bppsa
 from experiments import methods
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 CELL_NAMES = ("rnn", "gru")
 SWEEPS = ("t_sweep", "b_sweep", "h_sweep")
@@ -29,9 +29,10 @@ MIN_ROUNDS = 2  # timed rounds a row gets even past --row-seconds (fewer only if
 MESSAGE_CHARS = 2000  # of an exception's text kept in the JSON (XLA's can hold whole programs)
 UNFINISHED = "the process ended (time-out or crash) while this row was being measured"
 # The value of "backward" on a result file and its rows: every backward time is the jitted
-# pullback of a jax.vjp applied to saved residuals, its own program (timing.GradientPrograms),
+# pullback of a jax.vjp applied to saved residuals, its own program (experiments.timing),
 # never the gradient's time minus a forward's. Readers (paper_figures, fit_profile) check it.
-# The names --methods takes (results_io.methods); the baseline, BP, is always measured.
+# The names --methods takes (paper_figures.result_files.methods); the baseline, BP, is always
+# measured.
 METHOD_FORMS = (
     method_names.AUTO,
     method_names.BLELLOCH,

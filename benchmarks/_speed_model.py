@@ -18,9 +18,9 @@
   anything and its parts cost what they cost alone; BP's backward over that sum is the speedup
   it then reaches. It is a measurement, not a bound: in one compiled backward the parts may
   run faster than alone (XLA fuses them with their neighbours).
-* The **HLO count** of a compiled backward: :func:`benchmarks.hlo_cost.count` of the backward
+* The **HLO count** of a compiled backward: :func:`benchmarks.tools.hlo_cost.count` of the backward
   program itself, the pullback applied to saved residuals (kernels in sequence, flops, bytes),
-  the program whose time stands beside it; :mod:`benchmarks.fit_profile` turns the pairs into
+  the program whose time stands beside it; :mod:`benchmarks.tools.fit_profile` turns the pairs into
   a fitted profile of this machine.
 """
 
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from benchmarks import hlo_cost
+from benchmarks.tools import hlo_cost
 from bppsa.scan import Structured, sequential
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import Footprint
@@ -109,7 +109,7 @@ def floor_seconds(method_cost: cost.Cost | None, step_s: float, gemm_flops: floa
 
 def backward_count(backward) -> dict | None:
     """The HLO count of a compiled backward program (the pullback applied to saved residuals,
-    :class:`timing.GradientPrograms`), ``None`` if it cannot be read."""
+    :class:`experiments.timing.GradientPrograms`), ``None`` if it cannot be read."""
     try:
         count = hlo_cost.count(backward)
     except Exception:  # the count is a report: never a reason to lose the row

@@ -7,8 +7,8 @@ Kept apart from :mod:`benchmarks.speed` (which measures) so that each file is on
 from __future__ import annotations
 
 from benchmarks._speed_cli import Config
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 
 def _quantities(prefix: str = "") -> dict:

@@ -65,7 +65,7 @@ import bppsa
 from bppsa.jacobians import gru_jacobian_t, rnn_jacobian_t, transposed_jacobian
 from bppsa.models import GRU, RNN, SequenceClassifier
 from experiments.methods import parse_method
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 LENGTHS = (10, 30, 100, 300, 1000, 3000, 10_000, 30_000)
 QUICK_LENGTHS = (10, 100, 1000)

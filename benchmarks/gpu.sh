@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU report: every benchmark with a speed or accuracy claim, on one CUDA GPU (JAX's GPU
 # backend), in ONE device call of at most ~8.5 minutes (limit_s below, JAX's start included in
-# each step). Every gradient is timed by the timing package: the whole gradient, its forward
+# each step). Every gradient is timed by the timing package (experiments/timing): the whole gradient, its forward
 # and its backward, each its own program ("backward": "pullback" in every file). In order, each
 # step within its budget and the run's deadline (a step not started in time is left out; the
 # files keep what finished):
@@ -18,10 +18,7 @@
 #      char_lm_gpu/
 #   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
 #      and quasi-Newton's forward on a dense autodiff GRU: newton_gpu.jsonl
-#   7. why a standalone lax.scan forward runs slower than the one inside a gradient
-#      (benchmarks/forward_programs.py, at XLA's defaults and with every loop body a CUDA graph):
-#      forward_programs_gpu.json, forward_programs_graphs_gpu.json
-#   8. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
+#   7. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
 #      (sharded_gpu.json), the pruned VGG-11's backward over its layers (vgg11_gpu/).
 # Runs with the machine's python3 (a CUDA build of JAX, numpy, optax; no virtual environment):
 # the project goes on PYTHONPATH. Everything goes to $OUT (the device tool's output folder),
@@ -29,7 +26,8 @@
 # archive, gpu-results.tar.gz, beside the log gpu.log.
 #
 #   bash benchmarks/gpu.sh            # on the GPU machine; stops at once without a GPU backend
-#   bash benchmarks/gpu.sh --dry-run  # the same steps with tiny sizes, anywhere
+#   bash benchmarks/gpu.sh --dry-run  # the same steps with tiny sizes, anywhere, no deadline
+#                                     # (GPU_SH_DRY_LIMIT_S=N: the run's limit, N seconds)
 #
 # Exit status: 0 complete; 124 or 137 the time limit ended the paper's grids (the JSON keeps
 # what was measured); otherwise the speed benchmark's (2: not a GPU backend, nothing else runs).
@@ -47,6 +45,14 @@ dry=0
 [[ " $* " == *" --dry-run "* ]] && dry=1
 limit_s=500 # the whole run (one device call may run 9 minutes, the machine's start apart)
 restart_s=60 # the least time left worth a restart of the speed benchmark
+speed_s=180  # the paper's grids
+# A dry run tests the script's path, not its clock: no budget applies (every step runs, however
+# loaded the machine) unless GPU_SH_DRY_LIMIT_S sets the whole run's limit in seconds.
+if ((dry)); then
+    limit_s=${GPU_SH_DRY_LIMIT_S:-0}
+fi
+unbounded=$((limit_s <= 0))
+((unbounded)) && limit_s=86400 && speed_s=86400
 deadline=$((SECONDS + limit_s))
 scratch="$(mktemp -d)"
 rm -rf "$results" "$out_root/gpu-results.tar.gz"
@@ -76,6 +82,7 @@ step() {
         say "${left} s left: ${name} not run"
         return 0
     fi
+    ((unbounded)) && budget=$left
     ((budget > left)) && budget=$left
     local status=0
     timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$log" || status=$?
@@ -97,7 +104,6 @@ speed_args=(
     --repeats 5 --row-seconds 3
     --out "$json"
 )
-speed_s=180
 resume=()
 status=0
 speed_deadline=$((SECONDS + speed_s))
@@ -177,17 +183,7 @@ dense_args=(--require-backend gpu --cases --dense-quasi 256 4096 8 --dense-quasi
 step dense_quasi 30 15 python3 -m benchmarks.newton "${dense_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
-# 7. The forward as each program compiles it, at XLA's defaults and with every while body a
-# CUDA graph (does the standalone forward's small loop body miss the command buffers?).
-forward_args=(--cell rnn --length 10000 --batch 16 --hidden 20)
-((dry)) && forward_args=(--cell rnn --length 5 --batch 2 --hidden 3 --rounds 1)
-step forward_programs 25 15 python3 -m benchmarks.forward_programs "${forward_args[@]}" \
-    --json "$results/forward_programs_gpu.json"
-step forward_programs_graphs 25 15 env XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 \
-    python3 -m benchmarks.forward_programs "${forward_args[@]}" \
-    --json "$results/forward_programs_graphs_gpu.json"
-
-# 8. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
+# 7. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
 # the dense scan does ~H times BP's arithmetic; where does it stop paying?), the most expensive
 # last; bppsa.Sharded on this device (P = 1: its path runs on a GPU); the pruned VGG-11.
 h_args=(--require-backend gpu --methods auto blelloch chunked --cells rnn --lengths --batches

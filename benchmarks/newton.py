@@ -19,11 +19,11 @@ T from 100 to 100k, in float32 and float64, every example of a batch separately:
   the sequential and after the Newton forward; ``bppsa.scan`` with its defaults, ``auto``: Auto()
   and the forward's policy, whose choice and reason the row records, with the Newton run's
   iterations) their three quantities, each its own program
-  (:class:`timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the
-  forward of ``jax.vjp``, as it runs inside the gradient) and ``backward`` (its pullback on saved
-  residuals), float32, every program timed round by round right after an untimed call of itself
-  (:func:`timing.time_gradients`), median (``*_ms``) and minimum (``*_min_ms``); the row says
-  ``"backward": "pullback"``;
+  (:class:`experiments.timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward``
+  (the forward of ``jax.vjp``, as it runs inside the gradient) and ``backward`` (its pullback on
+  saved residuals), float32, every program timed round by round right after an untimed call of
+  itself (:func:`experiments.timing.time_gradients`), median (``*_ms``) and minimum (``*_min_ms``);
+  the row says ``"backward": "pullback"``;
 * with ``--dense-quasi H T B``: quasi-Newton's forward on a dense autodiff GRU (its gates'
   weights stacked, no analytic Jacobian: the diagonals from its element-aligned paths) against
   ``lax.scan``, interleaved, with its iterations.
@@ -50,8 +50,8 @@ import optax
 import bppsa
 from bppsa.data.synthetic import Bitstreams
 from bppsa.models import GRU, SequenceClassifier, gru_cell, rnn_cell
-from results_io import PULLBACK, JsonLines
-from timing import GradientPrograms, interleaved, ms_fields, time_gradients, timed
+from experiments.timing import GradientPrograms, interleaved, ms_fields, time_gradients, timed
+from paper_figures.result_files import PULLBACK, JsonLines
 
 FULL_T = (100, 1_000, 10_000, 30_000, 100_000)
 QUICK_T = (100, 1_000)

@@ -12,11 +12,11 @@ T steps, and P in ``--devices`` emulated CPU devices (one subprocess per P, with
 * the bytes each device receives in the exchange (from the shapes: an aggregate is
   ``B (n^2 + n)`` floats), and the collectives found in the compiled program;
 * the peak memory per device (XLA's compiled memory analysis: temporaries + outputs);
-* wall-clock medians and minima over interleaved rounds (:func:`timing.time_gradients`) of
-  the three programs of each gradient (:class:`timing.GradientPrograms`): the whole gradient
-  (``total_ms``, ``jax.value_and_grad``), the forward inside it (``forward_ms``, the forward of
-  ``jax.vjp``; ``pipelined``: ``Sharded(..., forward="pipelined")``, device after device) and
-  the backward (``backward_ms``, the jitted pullback applied to saved residuals), each its own
+* wall-clock medians and minima over interleaved rounds (:func:`experiments.timing.time_gradients`)
+  of the three programs of each gradient (:class:`experiments.timing.GradientPrograms`): the whole
+  gradient (``total_ms``, ``jax.value_and_grad``), the forward inside it (``forward_ms``, the
+  forward of ``jax.vjp``; ``pipelined``: ``Sharded(..., forward="pipelined")``, device after device)
+  and the backward (``backward_ms``, the jitted pullback applied to saved residuals), each its own
   program, never a difference of two (``"backward": "pullback"`` on every row); on a GPU the
   backward's device kernel time too (``backward_kernel_ms``). The P emulated devices share
   this machine's cores (2 here), so wall-clock does NOT show the speedup of P real devices; the
@@ -39,8 +39,8 @@ import platform
 import subprocess
 import sys
 
-from results_io import PULLBACK
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -75,8 +75,8 @@ def worker(args) -> None:
     from jax.sharding import Mesh
 
     import bppsa
-    import timing
     from bppsa.models import RNN
+    from experiments import timing
 
     devices = len(jax.devices())
     mesh = Mesh(np.array(jax.devices()), ("t",))

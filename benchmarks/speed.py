@@ -3,15 +3,15 @@ the gradient timed as its own program.
 
 For the paper's classifiers (input 1, hidden H, linear head on the last state), over a T sweep at
 B = 16, a B sweep at T = 1000 and, with ``--hiddens``, an H sweep, in ONE process, with the
-timing harness (:mod:`timing`: every program once per round, each timed call right after an
-untimed call of itself, so that load on a shared machine hits all alike; medians and minima over
+timing harness (:mod:`experiments.timing`: every program once per round, each timed call right after
+an untimed call of itself, so that load on a shared machine hits all alike; medians and minima over
 the rounds), for
 
 * BP: the loss through a batched ``lax.scan``, differentiated by JAX;
 * BPPSA: the same loss written the intended way (a ``bppsa.scan`` over one example,
   ``jax.vmap``-ed over the batch), with each method bound in the scan;
 
-three programs each (:class:`timing.GradientPrograms`): the whole gradient (``total``,
+three programs each (:class:`experiments.timing.GradientPrograms`): the whole gradient (``total``,
 ``jax.value_and_grad``), the forward as it runs inside it (``forward``, the forward of
 ``jax.vjp``: the loss and the residuals) and the backward (``backward``, the jitted pullback
 applied to saved residuals). No time is a difference of two programs: the file and every row say
@@ -22,17 +22,17 @@ alone (on an H200, BP's pullback alone took longer than its whole gradient).
 
 Also reported: the standalone forward (``standalone_forward_ms``: the jitted loss through the
 batched ``lax.scan``, no residuals kept; NOT the forward inside any gradient: on an H200 it ran
-about twice as long per step, see :mod:`benchmarks.forward_programs`), the scan's modelled
-work and the rate it achieved in the backward next to a large matrix product's GFLOP/s measured
-in the same run, what each method ran (``Auto()``'s pick, after the memory guard), XLA's peak
-temporary memory of each compiled gradient, and the minor page faults per gradient call
-(counted over a few calls after the timed rounds: glibc maps the temporary buffers of some calls
-anew, depending on the process's allocation history; its ``MALLOC_*`` environment variables
-change that, and the times with it). For the cells with structured Jacobians, the two parts of a
-parallel backward are timed alone in the same rounds (:mod:`benchmarks._speed_model`): the chain
-(the sequential scan of ``T`` dependent steps) and the steps' VJP w.r.t. the parameters over
-``Auto()``'s blocks; against their sum, a method's backward shows what it adds to its parts, and
-BP's backward over the sum is the speedup such a backward reaches when its parts cost what they
+about twice as long per step, a finding of the retired benchmarks/forward_programs.py),
+the scan's modelled work and the rate it achieved in the backward next to a large matrix
+product's GFLOP/s measured in the same run, what each method ran (``Auto()``'s pick, after the
+memory guard), XLA's peak temporary memory of each compiled gradient, and the minor page faults per
+gradient call (counted over a few calls after the timed rounds: glibc maps the temporary buffers of
+some calls anew, depending on the process's allocation history; its ``MALLOC_*`` environment
+variables change that, and the times with it). For the cells with structured Jacobians, the two
+parts of a parallel backward are timed alone in the same rounds (:mod:`benchmarks._speed_model`):
+the chain (the sequential scan of ``T`` dependent steps) and the steps' VJP w.r.t. the parameters
+over ``Auto()``'s blocks; against their sum, a method's backward shows what it adds to its parts,
+and BP's backward over the sum is the speedup such a backward reaches when its parts cost what they
 cost alone. The HLO count of every backward program (kernels in sequence, flops, bytes) and its
 time on the CPU profile stand beside its measured time.
 
@@ -68,7 +68,6 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-import timing
 from benchmarks import _speed_model
 from benchmarks._speed_cli import (  # noqa: F401 (re-exported: the benchmark's interface)
     DRY_RUN,
@@ -90,8 +89,9 @@ from benchmarks._speed_cli import parse_args as _parse_args
 from benchmarks._speed_rows import empty_row, print_row
 from bppsa.models import GRU, RNN
 from bppsa.scan import default_chunks
-from results_io import PULLBACK
-from results_io import methods as method_names
+from experiments import timing
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 CELLS = {"rnn": RNN(), "gru": GRU()}
 BP = method_names.BP  # the baseline, jax.grad through a batched lax.scan: always measured
@@ -219,8 +219,8 @@ def measure(
             ``MIN_ROUNDS``); ``None``: no budget.
         memory_limit: the scans' (``None``: the device's available memory).
         gemm_gflops: the large matrix product's rate measured in this run (for the floors).
-        clock: the clock of the timed rounds (:func:`timing.interleaved`); a test passes a
-            fake one.
+        clock: the clock of the timed rounds (:func:`experiments.timing.interleaved`); a test passes
+            a fake one.
     """
     row, start = empty_row(config, methods), time.perf_counter()
     try:

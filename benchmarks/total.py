@@ -4,17 +4,18 @@ whole gradient, its forward and its backward, each timed as its own program.
 The paper's cells (input 1, hidden ``H``; the RNN by default) over ONE sequence (no batch
 axis: a long recording, a language model's single stream), loss on the final state; for
 ``jax.grad`` through ``lax.scan`` (``bp``) and for the gradient through ``bppsa.scan`` with the
-default method, ``Auto()`` (``bppsa``), three programs each (:class:`timing.GradientPrograms`):
-the whole gradient (``jax.value_and_grad``), the forward of ``jax.vjp`` (the forward as it runs
-inside the gradient) and the jitted pullback applied to saved residuals (the backward), all
-interleaved round by round in one process (:func:`timing.time_gradients`: each timed call right
-after an untimed call of itself), median and minimum over the rounds. No time is a difference of
-two programs (``"backward": "pullback"`` in the file). On a GPU, each backward's device kernel
-time from the profiler (``*_backward_kernel_ms``) cross-checks the pullback timed alone. What
-``Auto()`` ran is recorded beside the times. ``--precisions default`` also times ``bppsa`` with
-its own products at that precision (``bppsa.grad``'s ``precision=``; fields
-``bppsa_default_*``) in the same rounds: what full-precision products cost on a GPU, where
-JAX's default is TF32. The JSON is rewritten atomically after every row.
+default method, ``Auto()`` (``bppsa``), three programs each
+(:class:`experiments.timing.GradientPrograms`): the whole gradient (``jax.value_and_grad``), the
+forward of ``jax.vjp`` (the forward as it runs inside the gradient) and the jitted pullback applied
+to saved residuals (the backward), all interleaved round by round in one process
+(:func:`experiments.timing.time_gradients`: each timed call right after an untimed call of itself),
+median and minimum over the rounds. No time is a difference of two programs (``"backward":
+"pullback"`` in the file). On a GPU, each backward's device kernel time from the profiler
+(``*_backward_kernel_ms``) cross-checks the pullback timed alone. What ``Auto()`` ran is recorded
+beside the times. ``--precisions default`` also times ``bppsa`` with its own products at that
+precision (``bppsa.grad``'s ``precision=``; fields ``bppsa_default_*``) in the same rounds: what
+full-precision products cost on a GPU, where JAX's default is TF32. The JSON is rewritten atomically
+after every row.
 
 Run: ``.venv/bin/python -m benchmarks.total --lengths 1000 10000 100000 1000000 --out FILE``.
 """
@@ -31,9 +32,9 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-import timing
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
-from results_io import PULLBACK, write_json
+from experiments import timing
+from paper_figures.result_files import PULLBACK, write_json
 
 CELLS = {"rnn": (RNN, rnn_cell), "gru": (GRU, gru_cell), "lstm": (LSTM, lstm_cell)}
 SCANS = {"bp": jax.lax.scan, "bppsa": bppsa.scan}  # the default method: Auto()

@@ -9,12 +9,12 @@ floats per step; same values). Each is scanned over ``T`` steps for ``B`` sequen
 a loss on every step's output (a language model's shape), ``--inputs`` input features.
 
 Per point, in one process, every program timed round by round, each timed call right after an
-untimed call of itself (:func:`timing.time_gradients`): for back-propagation (``bp``: ``jax.grad``
-through ``lax.scan``) and for ``bppsa.scan`` with each method (``--methods``: ``auto``,
+untimed call of itself (:func:`experiments.timing.time_gradients`): for back-propagation (``bp``:
+``jax.grad`` through ``lax.scan``) and for ``bppsa.scan`` with each method (``--methods``: ``auto``,
 ``blelloch``, ...) bound in the loss, the gradient's three quantities, each its own program
-(:class:`timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the forward
-of ``jax.vjp``: the forward as it runs inside the gradient) and ``backward`` (its pullback on
-saved residuals: the backward as its own program, never total - forward); and the standalone
+(:class:`experiments.timing.GradientPrograms`): ``total`` (``jax.value_and_grad``), ``forward`` (the
+forward of ``jax.vjp``: the forward as it runs inside the gradient) and ``backward`` (its pullback
+on saved residuals: the backward as its own program, never total - forward); and the standalone
 forwards of interest, each its own program: ``lax_scan`` (the jitted loss through
 ``lax.scan``) and, with ``--newton``, ``newton`` (the loss through the Newton forward). Medians
 (``*_ms``) and minima (``*_min_ms``) are recorded, and on a GPU each backward's device kernel
@@ -48,9 +48,9 @@ from bppsa.models import (
     indrnn_cell,
 )
 from experiments.methods import parse_method
-from results_io import PULLBACK, write_json
-from results_io import methods as method_names
-from timing import GradientPrograms, ms_fields, time_gradients
+from experiments.timing import GradientPrograms, ms_fields, time_gradients
+from paper_figures.result_files import PULLBACK, write_json
+from paper_figures.result_files import methods as method_names
 
 
 def indrnn_user(params, h, x):
@@ -70,21 +70,13 @@ CELLS = {
     "indrnn-user": (IndRNN(), indrnn_user),
     "indrnn-dense": (IndRNN(), indrnn_opaque),
 }
-METHODS = {
-    "auto": bppsa.Auto(),
-    "blelloch": bppsa.Blelloch(),
-    "sequential-scan": bppsa.SequentialScan(),
-    "chunked": bppsa.Chunked(),
-}
 
 
 def method_of(name: str) -> bppsa.Method:
-    """A method by name: those of ``METHODS``, or any of the project's method names
-    (:data:`results_io.methods.FORMS`, e.g. ``blelloch-b16``: ``Blelloch()`` in time blocks of
-    16 steps)."""
-    if name in METHODS:
-        return METHODS[name]
-    return parse_method(name, method_names.FORMS)
+    """A method by name: any of the project's method names or their aliases
+    (:data:`paper_figures.result_files.methods.NAMES`, e.g. ``auto``, ``sequential-scan``,
+    ``blelloch-b16``: ``Blelloch()`` in time blocks of 16 steps)."""
+    return parse_method(method_names.canonical(name), method_names.FORMS)
 
 
 def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):

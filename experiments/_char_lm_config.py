@@ -2,10 +2,10 @@
 (``python -m experiments.char_lm``): the run's :class:`Config`, the named configurations
 (:data:`PRESETS`), and the names of the runs of a method (:func:`parse_run`).
 
-Run names: those of ``results_io.methods`` (``bp``: back-propagation, ``jax.grad`` through
-``lax.scan``; ``bppsa``: ``bppsa.Auto()``; ``blelloch``, ...) and ``<name>-newton`` for a BPPSA
-method whose forward pass runs ``bppsa.Newton()`` (``bppsa-newton``: ``Auto()`` backward, Newton
-forward); ``bp`` always runs ``lax.scan``, the reference the losses are compared with.
+Run names: those of ``paper_figures.result_files.methods`` (``bp``: back-propagation, ``jax.grad``
+through ``lax.scan``; ``bppsa``: ``bppsa.Auto()``; ``blelloch``, ...) and ``<name>-newton`` for a
+BPPSA method whose forward pass runs ``bppsa.Newton()`` (``bppsa-newton``: ``Auto()`` backward,
+Newton forward); ``bp`` always runs ``lax.scan``, the reference the losses are compared with.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import optax
 import bppsa
 from bppsa.models import CIFGLSTM, GRU, LSTM, DiagonalGRU, IndRNN, LanguageModel
 from experiments.methods import NEWTON_FORWARD, SEQUENTIAL_FORWARD, is_baseline, parse_method
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 CELLS = {
     "diagonal-gru": DiagonalGRU,
@@ -199,7 +199,8 @@ def dry_run(config: Config) -> Config:
 
 def parse_run(name: str) -> tuple[bppsa.Method, str]:
     """The backward method and the forward name (``experiments.methods.FORWARDS``) of a run's
-    name: a name of ``results_io.methods`` (``bp`` runs ``lax.scan``), or ``<name>-newton``.
+    name: a name of ``paper_figures.result_files.methods`` (``bp`` runs ``lax.scan``), or
+    ``<name>-newton``.
 
     Raises:
         ValueError: for an unknown name, or ``bp-newton`` (the reference keeps ``lax.scan``).

@@ -33,8 +33,8 @@ from experiments._char_lm_fixture import MARKER
 from experiments._records import load_checkpoint, run_metadata
 from experiments._training import CHECKPOINT, Task, Trainer, run_together, step_rows
 from experiments.methods import parse_forward
-from results_io import PULLBACK, write_json
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK, write_json
+from paper_figures.result_files import methods as method_names
 
 DEFAULT_DATA = pathlib.Path("data/shakespeare")
 SUMMARY = "summary.json"

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from experiments.methods import FORWARDS, OVER_TIME, SEQUENTIAL_FORWARD
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 COMMANDS_EPILOG = "Run '<command> --help' for a command's options."
 METHODS_HELP = (
@@ -75,7 +75,7 @@ def fraction_or_zero(text: str) -> float:
 
 def method_name(forms: Sequence[str] = OVER_TIME):
     """The argument type of a backward method's name of one of ``forms``
-    (:mod:`results_io.methods`)."""
+    (:mod:`paper_figures.result_files.methods`)."""
 
     def method_name(text: str) -> str:
         try:

@@ -3,7 +3,7 @@
 The paper splits an iteration into the forward pass (FP), the BPPSA backward, the forward
 overhead of building the transposed Jacobians (FO; its PyTorch artifact built them in the
 forward), and, for the baseline, the BP backward. Here every part is its own compiled program
-(:mod:`timing`), never a difference of two:
+(:mod:`experiments.timing`), never a difference of two:
 
 * ``bp_s`` and ``bppsa_s``: the whole gradient, ``jax.value_and_grad`` of the loss with the
   baseline (``bp``: ``jax.grad`` through ``lax.scan``) and with the BPPSA method bound inside it
@@ -24,8 +24,8 @@ The optimizer update is not included (it is the same for both methods).
 
 Protocol: the programs are compiled ahead of time; then in each of ``repeats`` rounds, on that
 round's batch, each is timed once right after an untimed call of itself
-(:func:`timing.interleaved`; each backward on the residuals of an untimed forward call on the
-batch). Each time is the median over the rounds (quartiles are kept too). Rows say
+(:func:`experiments.timing.interleaved`; each backward on the residuals of an untimed forward call
+on the batch). Each time is the median over the rounds (quartiles are kept too). Rows say
 ``"backward": "pullback"``.
 """
 
@@ -45,8 +45,8 @@ from bppsa.jacobians import gru_jacobian_t
 from bppsa.models import SequenceClassifier
 from experiments._records import resume_points
 from experiments.methods import bind
-from results_io import PULLBACK, JsonLines
-from timing import QUANTITIES, GradientPrograms, interleaved, quartiles
+from experiments.timing import QUANTITIES, GradientPrograms, interleaved, quartiles
+from paper_figures.result_files import PULLBACK, JsonLines
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 GRADIENTS = ("bp", "bppsa")

@@ -21,7 +21,7 @@ from experiments import _irmas_breakdown, methods
 from experiments._irmas_data import Clips
 from experiments._records import ResultsFolderError
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 
 @dataclasses.dataclass(frozen=True)

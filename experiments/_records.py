@@ -2,8 +2,8 @@
 atomically, and resumable sweeps of points over a JSON-lines log.
 
 The result files themselves (JSON-lines logs, JSON files) are written and read through
-:mod:`results_io`, so that an interrupted run leaves only complete records behind and can resume
-where its last checkpoint stands.
+:mod:`paper_figures.result_files`, so that an interrupted run leaves only complete records behind
+and can resume where its last checkpoint stands.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 PACKAGES = ("bppsa", "jax", "jaxlib", "numpy", "optax")
 

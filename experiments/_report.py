@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments._training import step_rows
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 BACKWARD_NOTE = (
     "forward: the forward of each method's jax.vjp; backward: its pullback on saved residuals, "

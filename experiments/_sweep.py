@@ -24,9 +24,9 @@ from typing import Any
 
 from experiments._records import resume_points
 from experiments._training import Trainer, run_together, step_rows
-from results_io import PULLBACK, JsonLines
-from results_io import methods as method_names
-from timing import quartiles
+from experiments.timing import quartiles
+from paper_figures.result_files import PULLBACK, JsonLines
+from paper_figures.result_files import methods as method_names
 
 SWEEP_LOG = "sweep.jsonl"
 PHASES = ("forward_s", "backward_s", "grad_s", "update_s", "step_s")

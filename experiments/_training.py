@@ -5,9 +5,9 @@ Used by every experiment that trains (the RNN on synthetic bitstreams, the GRU o
 knows nothing about the model or the data, only ``loss(params, *batch)``, initial parameters,
 and the batches of iterations ``start, start + 1, ...``.
 
-Timing of one iteration, each quantity its own compiled program (:mod:`timing`: the loss with the
-trainer's method and forward bound inside it, :func:`experiments.methods.bind`; compiled and
-called once before the first timed call; each call waited for with ``jax.block_until_ready``):
+Timing of one iteration, each quantity its own compiled program (:mod:`experiments.timing`: the loss
+with the trainer's method and forward bound inside it, :func:`experiments.methods.bind`; compiled
+and called once before the first timed call; each call waited for with ``jax.block_until_ready``):
 
 * ``grad_s``: the training step's gradient, ``jax.value_and_grad`` of the loss (what
   ``bppsa.value_and_grad(loss, method=..., forward=...)`` runs): forward + backward;
@@ -17,7 +17,8 @@ called once before the first timed call; each call waited for with ``jax.block_u
   and the residuals its backward needs), and ``backward_s``: the backward as its own program, the
   pullback applied to this iteration's residuals. Both are EXTRA calls made every
   ``forward_every`` iterations (``None`` in the other rows), not part of training, timed by the
-  harness's protocol (:func:`timing.interleaved`: each right after an untimed call of itself).
+  harness's protocol (:func:`experiments.timing.interleaved`: each right after an untimed call of
+  itself).
 
 ``backward_s`` is never ``grad_s - forward_s``: a standalone forward is another program (on an
 H200 the standalone ``lax.scan`` forward ran at half the speed of the same forward inside a
@@ -61,8 +62,8 @@ from experiments._records import (
     save_checkpoint,
 )
 from experiments.methods import SEQUENTIAL_FORWARD, bind, forward_of, parse_forward, parse_method
-from results_io import PULLBACK, JsonLines
-from timing import GradientPrograms, interleaved, timed
+from experiments.timing import GradientPrograms, interleaved, timed
+from paper_figures.result_files import PULLBACK, JsonLines
 
 Batch = tuple[Any, ...]
 METRICS = "metrics.jsonl"

@@ -213,7 +213,7 @@ def run(
     from tqdm.auto import tqdm
 
     from experiments._records import resume_points, run_metadata
-    from results_io import JsonLines, write_json
+    from paper_figures.result_files import JsonLines, write_json
 
     out_dir = pathlib.Path(out_dir)
     log = JsonLines(out_dir / POINTS)

@@ -7,17 +7,18 @@ method (``bp`` = ``Sequential()``: ``jax.grad`` of the plain forward, dense; the
 ``bppsa``'s scan over the layers' sparse transposed Jacobians), the method bound inside the loss
 (:func:`experiments.methods.bind`):
 
-* the gradient's three programs are compiled ahead of time (:class:`timing.GradientPrograms`):
-  ``total``, ``jax.value_and_grad`` (what ``bppsa.grad(loss, method)`` runs); ``forward``, the
-  forward of ``jax.vjp`` (the forward as it runs inside the gradient); ``backward``, its
-  pullback applied to saved residuals, the backward as its own program. A method whose backward
-  would exceed the memory limit raises ``bppsa.MemoryLimitError`` while it is traced: the point
-  records it as skipped, with the library's estimate;
+* the gradient's three programs are compiled ahead of time
+  (:class:`experiments.timing.GradientPrograms`): ``total``, ``jax.value_and_grad`` (what
+  ``bppsa.grad(loss, method)`` runs); ``forward``, the forward of ``jax.vjp`` (the forward as it
+  runs inside the gradient); ``backward``, its pullback applied to saved residuals, the backward as
+  its own program. A method whose backward would exceed the memory limit raises
+  ``bppsa.MemoryLimitError`` while it is traced: the point records it as skipped, with the library's
+  estimate;
 * memory: XLA's ``memory_analysis()`` of the compiled gradient (``temp + argument + output``
   bytes: its peak on the device as XLA plans it) and ``chain.estimate_memory`` (the library's
   model of the backward);
 * time: every program of every method timed once per round for ``repeats`` rounds, each right
-  after an untimed call of itself (:func:`timing.time_gradients`), medians and minima
+  after an untimed call of itself (:func:`experiments.timing.time_gradients`), medians and minima
   (``total_ms``, ``forward_ms``, ``backward_ms`` and their ``_min_ms``); never a difference of
   two programs (``"backward": "pullback"``);
 * agreement: the largest difference of every method's parameter gradients from BP's, relative
@@ -38,9 +39,9 @@ import jax.numpy as jnp
 import bppsa
 from experiments import _vgg_model
 from experiments.methods import bind
-from results_io import PULLBACK
-from results_io import methods as method_names
-from timing import GradientPrograms, ms_fields, quartiles, time_gradients
+from experiments.timing import GradientPrograms, ms_fields, quartiles, time_gradients
+from paper_figures.result_files import PULLBACK
+from paper_figures.result_files import methods as method_names
 
 _DIGITS = 7
 
@@ -274,7 +275,7 @@ def run(
 
     from bppsa.models import sparsity_of
     from experiments._records import resume_points, run_metadata
-    from results_io import JsonLines, write_json
+    from paper_figures.result_files import JsonLines, write_json
 
     out_dir = pathlib.Path(out_dir)
     log = JsonLines(out_dir / POINTS)

@@ -10,7 +10,7 @@ from typing import Any
 
 from experiments import _cli, _vgg_jacobians, _vgg_model
 from experiments.methods import OVER_LAYERS
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 DEFAULT_OUT = pathlib.Path("results/pruned_vgg11")
 COMMANDS = ("analyze", "jacobians", "benchmark", "retrain")

@@ -17,7 +17,7 @@ For each layer:
 Protocol: each function is compiled and called once untimed; both results are compared (the
 dense ``J^T`` must equal the analytic one, and be zero outside its pattern); then in each of
 ``repeats`` rounds each is timed once, right after an untimed call of itself
-(:func:`timing.interleaved`). Medians and quartiles are kept;
+(:func:`experiments.timing.interleaved`). Medians and quartiles are kept;
 ``speedup = dense / analytic``. The first call (trace, pattern construction in NumPy and
 compilation) is recorded too.
 """
@@ -37,7 +37,7 @@ import scipy.sparse
 
 from bppsa.jacobians import conv2d_jacobian_t, maxpool2d_jacobian_t, relu_jacobian_t
 from bppsa.models import Conv2d, MaxPool2d, ReLU
-from timing import interleaved, quartiles
+from experiments.timing import interleaved, quartiles
 
 LAYERS = ("conv", "relu", "maxpool")
 TITLES = {"conv": "Conv2d(3, 64, 3, padding=1)", "relu": "ReLU", "maxpool": "MaxPool2d(2)"}
@@ -234,7 +234,7 @@ def run(
     from tqdm.auto import tqdm
 
     from experiments._records import resume_points
-    from results_io import JsonLines
+    from paper_figures.result_files import JsonLines
 
     log = JsonLines(pathlib.Path(out_dir) / POINTS)
     if overwrite:

@@ -32,8 +32,8 @@ from experiments import _report, _vgg_model
 from experiments._records import load_checkpoint, save_checkpoint
 from experiments._sweep import compare
 from experiments._training import Task, Trainer, run_together
-from results_io import methods as method_names
-from results_io import read_json, write_json
+from paper_figures.result_files import methods as method_names
+from paper_figures.result_files import read_json, write_json
 
 PRETRAINED = "pretrained.npz"
 SUMMARY = "retrain.json"
@@ -223,7 +223,7 @@ def retrain(
 
 
 def _final_eval(run_dir: pathlib.Path) -> dict[str, Any] | None:
-    from results_io import JsonLines
+    from paper_figures.result_files import JsonLines
 
     evals = [r for r in JsonLines(run_dir / "metrics.jsonl").read() if r.get("kind") == "eval"]
     return evals[-1] if evals else None

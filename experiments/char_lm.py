@@ -61,8 +61,8 @@ from experiments._char_lm_runs import CONFIG, load_corpus
 from experiments._records import ResultsFolderError, load_checkpoint
 from experiments._training import CHECKPOINT
 
-# What a tool reading a run's folder needs (benchmarks.newton_lm): the configuration, its file
-# and cells, the corpus, and each method's checkpoint.
+# What a tool reading a run's folder needs: the configuration, its file and cells, the corpus,
+# and each method's checkpoint.
 __all__ = ["CELLS", "CHECKPOINT", "CONFIG", "Config", "load_checkpoint", "load_corpus", "main"]
 
 DEFAULT_OUT = pathlib.Path("results/char_lm")

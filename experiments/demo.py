@@ -38,7 +38,7 @@ from experiments._records import cpu_model
 from experiments._sweep import compare
 from experiments._training import Task, step_rows
 from paper_figures import _style, fig7, fig8
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 DEFAULT_OUT = pathlib.Path("results/demo")
 

@@ -48,7 +48,7 @@ from experiments._irmas_data import Clips, load_clips
 from experiments._irmas_runs import PRESETS, Config, breakdown, train
 from experiments._records import ResultsFolderError
 from experiments._sweep import compare
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 __all__ = ["PRESETS", "Config", "breakdown", "main", "train"]
 

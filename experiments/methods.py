@@ -1,5 +1,5 @@
-"""The backward method of each name of :mod:`results_io.methods`: the one place where a name
-becomes a ``bppsa`` method object.
+"""The backward method of each name of :mod:`paper_figures.result_files.methods`: the one place
+where a name becomes a ``bppsa`` method object.
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
 differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: on
@@ -13,7 +13,8 @@ each a parallel scan). Only the BPPSA methods take it: ``bp`` is the reference, 
 through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
 
 :func:`bind` fixes a method, a forward and a memory limit inside a loss, for a gradient taken
-apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback, :mod:`timing`).
+apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback,
+:mod:`experiments.timing`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import bppsa
 from bppsa.scan._core.options import Options, ambient
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 __all__ = [
     "FORWARDS",
@@ -42,21 +43,8 @@ __all__ = [
 ]
 
 # The names the experiments take for a scan over time, and for a chain of layers.
-OVER_TIME = (
-    method_names.BP,
-    method_names.BPPSA,
-    method_names.BLELLOCH,
-    method_names.CHUNKED,
-    method_names.CHUNKED_CHUNKS,
-    method_names.SEQUENTIAL_JACOBIANS,
-)
-OVER_LAYERS = (
-    method_names.BP,
-    method_names.BPPSA,
-    method_names.BLELLOCH,
-    method_names.BLELLOCH_LEVELS,
-    method_names.SEQUENTIAL_JACOBIANS,
-)
+OVER_TIME = method_names.OVER_TIME
+OVER_LAYERS = method_names.OVER_LAYERS
 
 
 # The names of the forward passes (``--forward``), the default first.
@@ -75,20 +63,15 @@ def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method | 
 
 
 def build(name: method_names.Name) -> bppsa.Method | bppsa.Policy:
-    """The method object of a parsed name: a plain name through the library's own table
-    (:func:`bppsa.scan.resolve`), a name with numbers in it by its numbers."""
-    if name.form in method_names.LIBRARY:
-        return bppsa.scan.resolve(method_names.LIBRARY[name.form])
-    if name.form == method_names.BLELLOCH_LEVELS:
-        return bppsa.Blelloch(levels=name.levels)
-    if name.form == method_names.BLELLOCH_BLOCKED:
-        return bppsa.Blocked(bppsa.Blelloch(), name.block)
-    if name.form in (method_names.CHUNKED_CHUNKS, method_names.CHUNKED_BLOCKED):
-        chunked = bppsa.Chunked(name.chunks)
-        return chunked if name.block is None else bppsa.Blocked(chunked, name.block)
-    if name.form == method_names.SEQUENTIAL_JACOBIANS_BLOCKED:
-        return bppsa.Blocked(bppsa.SequentialScan(), name.block)
-    raise ValueError(f"no method object for the name {name.name!r} (form {name.form!r}).")
+    """The method object of a parsed name: the library's method of its form
+    (:func:`bppsa.scan.resolve` of the table's name), with the numbers in the name (``levels``,
+    ``chunks``), in time blocks of ``block`` steps if the name has one."""
+    method = bppsa.scan.resolve(method_names.FORM[name.form].library)
+    numbers = {"levels": name.levels, "chunks": name.chunks}
+    numbers = {key: value for key, value in numbers.items() if value is not None}
+    if numbers:
+        method = type(method)(**numbers)
+    return method if name.block is None else bppsa.Blocked(method, name.block)
 
 
 def is_baseline(name: str, forms: Sequence[str] = OVER_TIME) -> bool:
@@ -155,8 +138,8 @@ def bind(
 
     ``jax.value_and_grad(bind(loss, method=m))`` is ``bppsa.value_and_grad(loss, method=m)``;
     ``jax.vjp`` of it runs the same forward, and its pullback the same backward, also when the
-    pullback is traced apart from the forward (:class:`timing.GradientPrograms`): a scan takes
-    its options when its forward is traced, here inside ``loss``.
+    pullback is traced apart from the forward (:class:`experiments.timing.GradientPrograms`): a scan
+    takes its options when its forward is traced, here inside ``loss``.
 
     bppsa has no public ``vjp`` with these options yet; until it has, this reads the options
     through the library's own context (:func:`bppsa.scan._core.options.ambient`, what

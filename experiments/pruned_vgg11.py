@@ -53,7 +53,7 @@ import jax
 from bppsa.models import sparsity_of
 from experiments import _cli, _vgg_analysis, _vgg_benchmark, _vgg_cli, _vgg_jacobians, _vgg_model
 from experiments._records import ResultsFolderError, load_checkpoint
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 DEFAULT_OUT = _vgg_cli.DEFAULT_OUT
 

@@ -50,7 +50,7 @@ from experiments._records import ResultsFolderError
 from experiments._sweep import compare, run_sweep
 from experiments._training import Task, Trainer, lockstep_trainers, run_together
 from experiments.methods import SEQUENTIAL_FORWARD, describe, parse_method
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 NUM_CLASSES = 10
 DEFAULT_OUT = pathlib.Path("results/rnn_synthetic")

@@ -1,5 +1,6 @@
 """Conventions shared by the figure scripts: the machine named in every title, the same colour
-per method (its labels: :mod:`results_io.methods`), and every figure saved as PNG and PDF.
+per method (its labels: :mod:`paper_figures.result_files.methods`), and every figure saved as PNG
+and PDF.
 
 Layout, the same in every figure (:func:`finish`): the axes with their titles and labels on top,
 then the legends in a band under them (never inside an axes), then the caption, wrapped to the
@@ -7,7 +8,8 @@ figure's width, which also says in full what each method was (legends give short
 band and the caption are measured and the figure grown to hold them, so nothing overlaps however
 long a label or a caption is; ``tests/paper_figures/test_layout.py`` checks it on every figure.
 
-Figure scripts read result files only (through :mod:`results_io`) and never import JAX.
+Figure scripts read result files only (through :mod:`paper_figures.result_files`) and never import
+JAX.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from matplotlib import ticker
 from matplotlib.artist import Artist
 from matplotlib.legend import Legend
 
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 COLORS = {
     method_names.BP: "#d62728",
@@ -102,8 +104,8 @@ class Key:
 
 def methods_note(labels: Iterable[str]) -> str:
     """The caption's sentence saying in full what the short names in the legends stand for:
-    ``labels`` from :func:`results_io.methods.label`, e.g. ``Methods: BP (jax.grad through
-    lax.scan); BPPSA (bppsa.Auto) = Chunked(chunks=1).``"""
+    ``labels`` from :func:`paper_figures.result_files.methods.label`, e.g. ``Methods: BP (jax.grad
+    through lax.scan); BPPSA (bppsa.Auto) = Chunked(chunks=1).``"""
     return "Methods: " + "; ".join(dict.fromkeys(labels)) + "."
 
 

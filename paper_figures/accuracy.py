@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 import matplotlib.pyplot as plt
 
 from paper_figures import _cli, _style
-from results_io import methods as method_names
-from results_io import read_json
+from paper_figures.result_files import methods as method_names
+from paper_figures.result_files import read_json
 
 DEFAULT_RESULTS = pathlib.Path("benchmarks/results/accuracy_cpu.json")
 DEFAULT_OUT = pathlib.Path("paper_figures/output")

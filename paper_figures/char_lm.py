@@ -23,7 +23,7 @@ from matplotlib.lines import Line2D
 
 from paper_figures import _cli, _style
 from paper_figures.fig7 import load_runs, moving_average
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 NAME = "char_lm"
 NEWTON_SUFFIX = "-newton"  # a BPPSA method with the Newton forward (experiments.char_lm)

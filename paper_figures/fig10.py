@@ -26,7 +26,7 @@ import numpy as np
 from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
-from results_io import read_json
+from paper_figures.result_files import read_json
 
 RESULT = "analyze.json"
 KIND_COLORS = {

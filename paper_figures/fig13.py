@@ -22,8 +22,8 @@ from matplotlib.lines import Line2D
 
 from paper_figures import _cli, _style
 from paper_figures.fig7 import moving_average
-from results_io import methods as method_names
-from results_io import read_rows
+from paper_figures.result_files import methods as method_names
+from paper_figures.result_files import read_rows
 
 METRICS = "metrics.jsonl"
 VARIANTS = ("S", "M", "L")

@@ -18,8 +18,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from paper_figures import _cli, _style
-from results_io import methods as method_names
-from results_io import read_rows
+from paper_figures.result_files import methods as method_names
+from paper_figures.result_files import read_rows
 
 METRICS = "metrics.jsonl"
 

@@ -22,8 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
-from results_io import PULLBACK, read_points
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK, read_points
+from paper_figures.result_files import methods as method_names
 
 SWEEP_LOG = "sweep.jsonl"
 UPDATE_ALPHA = 0.35

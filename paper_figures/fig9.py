@@ -23,8 +23,8 @@ from collections.abc import Sequence
 import matplotlib.pyplot as plt
 
 from paper_figures import _cli, _style
-from results_io import PULLBACK, read_points
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK, read_points
+from paper_figures.result_files import methods as method_names
 
 BREAKDOWN_LOG = "breakdown.jsonl"
 VARIANTS = ("S", "M", "L")

@@ -35,8 +35,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from paper_figures import _cli, _style
-from results_io import PULLBACK, read_json, read_rows
-from results_io import methods as method_names
+from paper_figures.result_files import PULLBACK, read_json, read_rows
+from paper_figures.result_files import methods as method_names
 
 NAME = "gpu"
 DEFAULT_RESULTS = pathlib.Path("benchmarks/results/gpu-h200")

@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 from matplotlib import ticker
 
 from paper_figures import _cli, _style
-from results_io import PULLBACK
+from paper_figures.result_files import PULLBACK
 
 NAME = "width"
 BP = "bp"

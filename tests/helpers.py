@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, settings
 # float64: 1e-10, as the core issue asks; measured errors are ~1e-15 at T = 1000.
 # float32: BPPSA reassociates ~log2(T) levels of products of Jacobians and sums the parameter
 # cotangents of all steps in one reduction instead of one by one; measured <= 3e-7 at T = 1000
-# for RNN, GRU and LSTM (benchmarks/gradient_error.py), so 1e-5 leaves a 30x margin while an
-# ordering bug (errors of ~1e-2) still fails.
+# for RNN, GRU and LSTM (the retired benchmarks/gradient_error.py, in git history), so 1e-5
+# leaves a 30x margin while an ordering bug (errors of ~1e-2) still fails.
 RTOL = {jnp.dtype("float64"): 1e-10, jnp.dtype("float32"): 1e-5}
 
 

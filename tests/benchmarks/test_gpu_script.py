@@ -32,9 +32,11 @@ sys.meta_path.insert(0, _TestOnly())
 """
 
 
-def run_script(tmp_path, *args, crash_first=False):
+def run_script(tmp_path, *args, crash_first=False, python3_body=None, **env_extra):
     """Runs gpu.sh with ``args`` and unpacks its archive; returns the run and the folder of its
-    results. ``crash_first``: the first run of the speed benchmark dies of SIGSEGV."""
+    results. ``crash_first``: the first run of the speed benchmark dies of SIGSEGV;
+    ``python3_body``: a shell script run as ``python3`` instead of this interpreter;
+    ``env_extra``: more environment variables (none: a dry run keeps no deadline)."""
     bin_dir, site, out = tmp_path / "bin", tmp_path / "site", tmp_path / "out"
     for folder in (bin_dir, site, out):
         folder.mkdir()
@@ -47,9 +49,11 @@ def run_script(tmp_path, *args, crash_first=False):
         else ""
     )
     python3 = bin_dir / "python3"
-    python3.write_text(f'#!/bin/sh\n{crash}exec "{sys.executable}" "$@"\n')
+    python3.write_text(python3_body or f'#!/bin/sh\n{crash}exec "{sys.executable}" "$@"\n')
     python3.chmod(0o755)
     env = dict(os.environ, OUT=str(out), PYTHONPATH=f"{ROOT}{os.pathsep}{site}")
+    env.pop("GPU_SH_DRY_LIMIT_S", None)
+    env.update(env_extra)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     done = subprocess.run(
         ["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True
@@ -75,7 +79,8 @@ def test_dry_run_records_the_device_versions_and_command(dry_run):
         assert payload[field], field
     assert payload["command"].startswith("python3 -m benchmarks.speed ")
     assert "--dry-run" in payload["argv"] and payload["methods"] == METHODS
-    assert "exit 0" in (out / "gpu.log").read_text()
+    log = (out / "gpu.log").read_text()
+    assert "exit 0" in log and "not run" not in log  # a dry run leaves no step out
     assert len(list(out.rglob("*"))) <= 40  # one folder, packed: the device returns one file
 
 
@@ -99,7 +104,7 @@ def test_the_real_run_measures_the_papers_grids_first_larger_hidden_sizes_later(
     assert configs[-1].key == ("rnn", 1000, 256, 1024)  # the most expensive last
     text = SCRIPT.read_text()
     order = ["benchmarks.speed", "benchmarks.accuracy", "benchmarks.total", "benchmarks.width",
-             "experiments.char_lm", "benchmarks.newton", "benchmarks.forward_programs"]  # fmt: skip
+             "experiments.char_lm", "benchmarks.newton"]  # fmt: skip
     assert [text.index(f"python3 -m {name}") for name in order] == sorted(
         text.index(f"python3 -m {name}") for name in order
     )
@@ -141,12 +146,6 @@ def test_dry_run_times_the_library_at_both_precisions(dry_run):
     (row,) = json.loads((out / "total_gpu.json").read_text())["rows"]
     for name in ("bp", "bppsa", "bppsa_default"):
         assert all(row[f"{name}_{q}_ms"] > 0 for q in ("total", "forward", "backward"))
-
-
-def test_dry_run_compiles_the_forward_programs_twice(dry_run):
-    _, out = dry_run
-    for name in ("forward_programs_gpu.json", "forward_programs_graphs_gpu.json"):
-        assert json.loads((out / name).read_text())
 
 
 def test_dry_run_runs_the_width_rows(dry_run):
@@ -247,6 +246,45 @@ def test_dry_run_also_runs_the_pruned_vgg11_benchmark(dry_run):
     for method in point["methods"].values():
         assert method["max_grad_diff_relative"] < 1e-4, method
         assert all(method[f"{q}_ms"] > 0 for q in ("total", "forward", "backward")), method
+
+
+# Every step's module, as the script names it; a python3 that takes STUB_S seconds over the
+# paper's grids and no time over the others.
+STEPS = ["benchmarks.accuracy", "benchmarks.total", "benchmarks.width", "experiments.char_lm",
+         "benchmarks.newton", "benchmarks.speed", "benchmarks.sharded",
+         "experiments.pruned_vgg11"]  # fmt: skip
+STUB_S = 2
+SLOW_SPEED = f"""#!/bin/sh
+echo "python3 $*"
+case "$*" in *"-m benchmarks.speed --require-backend gpu --methods auto blelloch --cells"*)
+    sleep {STUB_S};; esac
+exit 0
+"""
+
+
+def test_a_dry_run_keeps_no_deadline_so_load_cannot_leave_steps_out(tmp_path):
+    # The python3 that leaves every step out under a 1 s deadline (below): none is left out.
+    done, out = run_script(tmp_path, "--dry-run", python3_body=SLOW_SPEED)
+    log = (out / "gpu.log").read_text()
+    assert "not run" not in log, log
+    for module in STEPS:
+        assert f"-m {module}" in done.stdout, module
+
+
+def test_a_dry_run_keeps_the_deadline_a_test_sets(tmp_path):
+    done, out = run_script(tmp_path, "--dry-run", python3_body=SLOW_SPEED, GPU_SH_DRY_LIMIT_S="1")
+    log = (out / "gpu.log").read_text()
+    assert "-m benchmarks.speed" in done.stdout  # the paper's grids run first, on their own budget
+    for name in ("accuracy", "total", "width", "char_lm", "newton", "h_sweep", "sharded", "vgg11"):
+        assert f"{name} not run" in log, name
+    assert "-m benchmarks.accuracy" not in done.stdout
+
+
+def test_the_real_run_keeps_its_budgets():
+    text = SCRIPT.read_text()
+    assert "limit_s=500 " in text and "speed_s=180 " in text
+    assert "step newton 60 30 " in text and "step dense_quasi 30 15 " in text
+    assert "limit_s=${GPU_SH_DRY_LIMIT_S:-0}" in text.split("if ((dry)); then", 1)[1].split("fi")[0]
 
 
 def test_without_a_gpu_the_real_run_stops_with_a_message(tmp_path):

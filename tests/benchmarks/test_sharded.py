@@ -7,8 +7,8 @@ import argparse
 import functools
 import json
 
-import timing
 from benchmarks import sharded
+from experiments import timing
 from tests.benchmarks.odd_clock import QUANTITIES, OddClock, odd_seconds
 
 

@@ -85,7 +85,7 @@ def test_no_time_is_a_difference_of_two_programs():
 
 
 def test_the_profile_is_fitted_to_a_speed_run(tmp_path, capsys):
-    from benchmarks import fit_profile
+    from benchmarks.tools import fit_profile
 
     out = tmp_path / "speed.json"
     grid = ["--cells", "rnn", "gru", "--lengths", "5", "--t-batch", "2", "--batches"]
@@ -165,7 +165,7 @@ def test_the_parts_are_the_steps_vjp_over_blocks(cell, block):
 
 
 def test_the_profile_fit_refuses_a_run_without_a_positive_backward(tmp_path, capsys):
-    from benchmarks import fit_profile
+    from benchmarks.tools import fit_profile
 
     out = tmp_path / "speed.json"
     grid = ["--cells", "rnn", "--lengths", "5", "--t-batch", "2", "--batches"]

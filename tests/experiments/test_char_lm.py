@@ -14,7 +14,7 @@ import pytest
 from experiments import _char_lm_config as configs
 from experiments import _char_lm_runs as runs
 from experiments import char_lm
-from results_io import read_json, read_rows
+from paper_figures.result_files import read_json, read_rows
 
 WORKS = ("alpha", "beta", "gamma", "delta", "epsilon")
 LINES = (
@@ -182,29 +182,3 @@ def test_run_names():
     assert configs.parse_run("bp")[1] == "sequential"
     with pytest.raises(ValueError, match="reference"):
         configs.parse_run("bp-newton")
-
-
-def test_the_newton_benchmark_reads_a_trained_run(corpus, straight, tmp_path, capsys):
-    """benchmarks.newton_lm on the smoke run's checkpoint: one report per layer, every window
-    converged to the sequential forward's logits, and a rerun skips the rows it finds."""
-    from benchmarks import newton_lm
-
-    run, _ = straight
-    out = tmp_path / "newton.jsonl"
-    argv = ["--run", str(run), "--data", str(corpus), "--lengths", "12", "24"]
-    argv += ["--batch", "2", "--rounds", "1", "--out", str(out)]
-    assert newton_lm.main(argv) == 0
-    rows = read_rows(out)
-    config = read_json(run / "config.json")["config"]
-    assert [r["length"] for r in rows] == [12, 24]
-    for row in rows:
-        assert row["from"]["trained"] == config["iterations"]
-        assert len(row["layers"]) == config["layers"]
-        for layer in row["layers"]:
-            assert layer["converged"] == 1.0 and layer["fallback_steps_mean"] == 0
-            assert 1 <= layer["iterations_mean"] <= layer["iterations_max"] <= 24
-        assert row["logits_relative_difference"] < 1e-5
-        assert row["newton_min_s"] > 0 and row["sequential_min_s"] > 0
-    capsys.readouterr()
-    assert newton_lm.main(argv) == 0
-    assert read_rows(out) == rows and capsys.readouterr().out == ""

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import _report, demo, rnn_synthetic
 from experiments._training import step_rows
-from results_io import read_rows
+from paper_figures.result_files import read_rows
 
 TINY = rnn_synthetic.Preset(
     "quick",

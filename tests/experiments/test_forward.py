@@ -18,7 +18,7 @@ import bppsa
 from bppsa.data import irmas_fixture
 from experiments import gru_irmas, rnn_synthetic
 from experiments._training import step_rows
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 RTOL = 1e-5  # as in test_training.py
 ITERATIONS = 12

@@ -1,7 +1,7 @@
-"""The backward methods' names (``results_io.methods``): every form becomes its ``bppsa`` method
-in one place (``experiments.methods``), each command takes its forms and refuses the others
-naming the valid ones, and the names in the figures and in the committed result files are the
-vocabulary's."""
+"""The backward methods' names (``paper_figures.result_files.methods``): every form becomes its
+``bppsa`` method in one place (``experiments.methods``), each command takes its forms and refuses
+the others naming the valid ones, and the names in the figures and in the committed result files are
+the vocabulary's."""
 
 import json
 import pathlib
@@ -9,11 +9,11 @@ import pathlib
 import pytest
 
 import bppsa
-from benchmarks import _speed_cli
+from benchmarks import _speed_cli, width
 from experiments import _vgg_model
-from experiments.methods import parse_method
+from experiments.methods import OVER_LAYERS, OVER_TIME, parse_method
 from paper_figures import _style
-from results_io import methods as method_names
+from paper_figures.result_files import methods as method_names
 
 RESULTS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 # benchmarks.sharded names the exchanges of bppsa.Sharded (and "bp"), not methods by name;
@@ -127,7 +127,7 @@ def test_a_method_bound_in_a_loss_runs_in_a_pullback_traced_apart():
     import jax.numpy as jnp
 
     from experiments.methods import bind
-    from timing import GradientPrograms
+    from experiments.timing import GradientPrograms
 
     xs = jnp.linspace(-1.0, 1.0, 17)
 
@@ -143,3 +143,23 @@ def test_a_method_bound_in_a_loss_runs_in_a_pullback_traced_apart():
     assert jnp.allclose(jax.value_and_grad(bound)(0.5, xs)[1], expected)
     with pytest.raises(ValueError, match="'magic' is not a known backward method"):
         bind(loss, method="magic")  # refused before any tracing
+
+
+def test_one_table_of_names_and_every_view_of_it():
+    # Each command's forms, the library's names, the labels: views of the one table, NAMES.
+    table = method_names.NAMES
+    assert tuple(form.name for form in table) == method_names.FORMS
+    assert tuple(form.name for form in table if form.over_time) == OVER_TIME
+    assert tuple(form.name for form in table if form.over_layers) == OVER_LAYERS
+    assert set(method_names.LABELS) == set(method_names.SHORT) == set(method_names.TABLE)
+    for form in table:
+        assert form.library in bppsa.scan.METHODS, form
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"), [("auto", "bppsa"), ("sequential-scan", "sequential-jacobians")]
+)
+def test_the_librarys_names_are_aliases_resolved_in_one_place(alias, name):
+    assert method_names.canonical(alias) == name
+    assert method_names.label(alias) == method_names.label(name)
+    assert width.method_of(alias) == parse_method(name, method_names.FORMS)

@@ -14,7 +14,7 @@ import pytest
 from bppsa.models import Chain, Conv2d, Flatten, Linear, MaxPool2d, ReLU, magnitude_prune
 from experiments import _vgg_analysis, _vgg_jacobians, _vgg_model, pruned_vgg11
 from paper_figures import fig10, table1
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 TINY = ["--input-size", "8", "--width-divisor", "8", "--no-progress"]
 

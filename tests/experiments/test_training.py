@@ -24,7 +24,7 @@ import experiments._training as training
 from experiments import rnn_synthetic
 from experiments._records import load_checkpoint
 from experiments._training import Trainer, run_together, step_rows
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 RTOL = 1e-5
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from paper_figures import char_lm
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import matplotlib.image
 import pytest
 
 from paper_figures import fig10, table1
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 META = dict(
     platform="cpu",

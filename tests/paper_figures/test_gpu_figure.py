@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from paper_figures import _style, gpu
-from results_io import read_json, read_rows
+from paper_figures.result_files import read_json, read_rows
 from tests.paper_figures.test_layout import problems
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

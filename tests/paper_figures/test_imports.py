@@ -1,6 +1,7 @@
-"""Drawing a figure reads result files through ``results_io`` only: in a fresh interpreter, every
-figure script imported and three of them drawn (one from a small results file, two from the
-committed CPU results) leave neither JAX, ``bppsa`` nor ``experiments`` in ``sys.modules``."""
+"""Drawing a figure reads result files through ``paper_figures.result_files`` only: in a fresh
+interpreter, every figure script imported and three of them drawn (one from a small results file,
+two from the committed CPU results) leave neither JAX, ``bppsa`` nor ``experiments`` in
+``sys.modules``."""
 
 import json
 import os
@@ -43,7 +44,7 @@ def test_figures_import_neither_jax_nor_the_experiments(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     modules = json.loads(done.stdout.splitlines()[-1])
-    assert "results_io" in modules and "matplotlib" in modules
+    assert "paper_figures.result_files" in modules and "matplotlib" in modules
     assert [m for m in modules if m.partition(".")[0] in FORBIDDEN] == []
     drawn = {p.name for p in out.iterdir()}
     assert {"fig7.png", "fig10.png", "accuracy.png", "accuracy.md", "gpu.png"} <= drawn

@@ -3,7 +3,7 @@
 import pytest
 
 from paper_figures import fig9, fig13
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 
 META = dict(
     platform="cpu",

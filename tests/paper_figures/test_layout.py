@@ -19,7 +19,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.transforms import Bbox
 
 from paper_figures import accuracy, char_lm, fig7, fig8, fig9, fig10, fig13, table1, width
-from results_io import JsonLines
+from paper_figures.result_files import JsonLines
 from tests.paper_figures import (
     test_accuracy_figure,
     test_char_lm,

@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from timing.kernels import kernel_seconds
-from timing.protocol import Clock, interleaved
+from experiments.timing.kernels import kernel_seconds
+from experiments.timing.protocol import Clock, interleaved
 
 QUANTITIES = ("total", "forward", "backward")
 
@@ -127,8 +127,8 @@ class GradientPrograms:
 
     def backward_kernel_ms(self, repeats: int = 3) -> float | None:
         """The device's kernel time of one backward call in milliseconds, the cross-check of
-        the pullback timed alone (:func:`timing.kernels.kernel_seconds`); ``None`` on a CPU,
-        which has no device kernels, or where the profile has none."""
+        the pullback timed alone (:func:`experiments.timing.kernels.kernel_seconds`); ``None`` on a
+        CPU, which has no device kernels, or where the profile has none."""
         if jax.default_backend() == "cpu":
             return None
         seconds = kernel_seconds(self.backward, self.pullback, self.cotangent, repeats=repeats)
@@ -145,19 +145,19 @@ def time_gradients(
     clock: Clock = time.perf_counter,
 ) -> dict[str, dict[str, list[float]]]:
     """Seconds of the three quantities of every gradient, all interleaved in the same rounds
-    (:func:`timing.interleaved`: each timed call right after an untimed call of itself).
+    (:func:`experiments.timing.interleaved`: each timed call right after an untimed call of itself).
 
     Args:
         programs: ``{method name: its programs}``.
         rounds: the most rounds to run.
         others: calls without arguments timed in the same rounds (a standalone forward, a
             sequential chain, ...), by names distinct from those of ``programs``.
-        seconds, min_rounds, clock: as in :func:`timing.interleaved`.
+        seconds, min_rounds, clock: as in :func:`experiments.timing.interleaved`.
 
     Returns:
         ``{name: {quantity: [seconds of each round]}}``: for each of ``programs`` the
         quantities ``"total"``, ``"forward"`` and ``"backward"``; for each of ``others`` one
-        quantity named as the call. Each entry is what :func:`timing.ms_fields` takes.
+        quantity named as the call. Each entry is what :func:`experiments.timing.ms_fields` takes.
 
     Raises:
         ValueError: a name is both in ``programs`` and in ``others``.

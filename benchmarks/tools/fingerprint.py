@@ -7,7 +7,7 @@ JVP) and stores the leaves. ``--check FILE`` recomputes them and compares bit by
 refactor that only moves code must give the same bits, where a changed order of operations
 would show as a difference of a few ulps.
 
-Run: ``.venv/bin/python -m benchmarks.fingerprint --record OUT.npz`` on the old tree, then
+Run: ``.venv/bin/python -m benchmarks.tools.fingerprint --record OUT.npz`` on the old tree, then
 ``--check OUT.npz`` on the new one. Cases are named, so the check lists any that differ.
 """
 

@@ -1,13 +1,14 @@
 """What result files hold, defined once for the experiments and benchmarks that write them and the
-figures that read them: crash-safe JSON-lines logs and JSON files (:mod:`results_io.files`) and
-the names of the backward methods that key their rows (:mod:`results_io.methods`), and
-:data:`PULLBACK`, the mark of a file whose backward times are their own programs.
+figures that read them: crash-safe JSON-lines logs and JSON files
+(:mod:`paper_figures.result_files.files`) and the names of the backward methods that key their rows
+(:mod:`paper_figures.result_files.methods`), and :data:`PULLBACK`, the mark of a file whose backward
+times are their own programs.
 
 Imports neither JAX nor ``bppsa``: drawing a figure from result files loads neither.
 """
 
-from results_io import methods
-from results_io.files import (
+from paper_figures.result_files import methods
+from paper_figures.result_files.files import (
     JsonLines,
     read_json,
     read_points,
@@ -17,7 +18,8 @@ from results_io.files import (
 )
 
 # A result file's (or row's) "backward" when each backward time is the jitted pullback of a
-# jax.vjp timed as its own program (the timing package), never a gradient minus a forward.
+# jax.vjp timed as its own program (the experiments.timing package), never a gradient minus a
+# forward.
 PULLBACK = "pullback"
 
 __all__ = [

@@ -29,7 +29,7 @@ def min_median(times: Mapping[str, Sequence[float]]) -> dict[str, float]:
 def ms_fields(times: Mapping[str, Sequence[float]]) -> dict[str, float | None]:
     """``{name}_ms`` (the median) and ``{name}_min_ms`` of every call's seconds, in milliseconds.
 
-    For a gradient's quantities (:func:`timing.time_gradients`) these are the row fields
+    For a gradient's quantities (:func:`experiments.timing.time_gradients`) these are the row fields
     ``total_ms``, ``total_min_ms``, ``forward_ms``, ``forward_min_ms``, ``backward_ms`` and
     ``backward_min_ms``; each is one program's own time, never a difference of two.
 

@@ -1,10 +1,11 @@
-"""``make mutate``: mutmut over the structure analysis, the structured elements and Auto's
-structured rule, within a time bound; writes ``results/mutate/report.{txt,json}`` and prints the
-text (counts, wall time, and each survivor with file, line and diff).
+"""``make mutate``: mutmut over the structure analysis, the structured elements, Auto's
+structured rule and the timing summary, within a time bound; writes
+``results/mutate/report.{txt,json}`` and prints the text (counts, wall time, and each survivor
+with file, line and diff).
 
 Run from the repository root, in the environment that has the ``mutate`` extra::
 
-    python -m mutation.run [--children N] [--limit SECONDS] [--full] [PATTERN ...]
+    python -m tests.mutation.run [--children N] [--limit SECONDS] [--full] [PATTERN ...]
 
 A pattern is an fnmatch pattern of mutmut's mutant names (``module.x_function__mutmut_3``,
 ``module.xǁClassǁmethod__mutmut_3``); the default is :data:`SCOPE`, with the files of
@@ -32,9 +33,10 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
-# "?" stands for "ǁ", mutmut's separator of class and method. Auto's structured rule: `parallel`
-# (the blocked scan and block size for maps that keep a structure), `choose` and `_parallel_pays`
-# (structured maps always take the scan), `for_footprint` (the width it passes), `_power_of_two`.
+# "?" stands for "ǁ", mutmut's separator of class and method. Auto's structured rule: `choose`
+# (structured maps always take the blocked scan, and its block size), `scan_method` (the width of
+# the footprint it passes on), `_parallel_pays` and `_power_of_two`. The timing summary
+# (experiments/timing/summary.py): medians and minima of the result rows.
 SCOPE = (
     "bppsa.scan._core.element_flow.*",
     "bppsa.scan._core.structure.*",
@@ -42,10 +44,10 @@ SCOPE = (
     "bppsa.scan._blocks.*",
     "bppsa.scan._elements.x?Diagonal?*",
     "bppsa.scan._core.methods.auto.x?Auto?choose*",
-    "bppsa.scan._core.methods.auto.x?Auto?parallel*",
-    "bppsa.scan._core.methods.auto.x?Auto?for_footprint*",
+    "bppsa.scan._core.methods.auto.x?Auto?scan_method*",
     "bppsa.scan._core.methods.auto.x__parallel_pays*",
     "bppsa.scan._core.methods.auto.x__power_of_two*",
+    "experiments.timing.summary.*",
 )
 # The three largest files have ~1500 mutants, whose tests (up to ~110 per function, mostly
 # compilation) take about two hours on 2 cores: a fifth of each function's mutants run, those

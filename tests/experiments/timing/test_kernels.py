@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from timing import KernelTime, kernel_seconds, kernel_time, summed_kernel_seconds
-from timing.kernels import profile_events
+from experiments.timing import KernelTime, kernel_seconds, kernel_time, summed_kernel_seconds
+from experiments.timing.kernels import profile_events
 
 GPU0, GPU1 = "/device:GPU:0", "/device:GPU:1"
 

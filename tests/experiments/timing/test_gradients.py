@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 import bppsa
+from experiments.timing import QUANTITIES, GradientPrograms, ms_fields, time_gradients
+from tests.experiments.timing.fake_clock import FakeClock
 from tests.helpers import assert_trees_close
-from tests.timing.fake_clock import FakeClock
-from timing import QUANTITIES, GradientPrograms, ms_fields, time_gradients
 
 
 def problem(length, dtype, hidden=3):
@@ -148,7 +148,7 @@ def test_compiled_programs_are_timed_on_the_real_clock():
 
 
 def test_the_backwards_kernel_time_is_none_on_a_cpu_and_summed_on_a_device(monkeypatch):
-    import timing.gradients
+    from experiments.timing import gradients
 
     params, xs = problem(5, jnp.float32)
     programs = GradientPrograms.from_loss(loss, params, xs)
@@ -159,8 +159,8 @@ def test_the_backwards_kernel_time_is_none_on_a_cpu_and_summed_on_a_device(monke
         seen.append((fn, args, repeats))
         return 0.0025
 
-    monkeypatch.setattr(timing.gradients.jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(timing.gradients, "kernel_seconds", fake_kernel_seconds)
+    monkeypatch.setattr(gradients.jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(gradients, "kernel_seconds", fake_kernel_seconds)
     assert programs.backward_kernel_ms(repeats=4) == 2.5
     ((fn, args, repeats),) = seen
     assert fn is programs.backward and args == (programs.pullback, programs.cotangent)

@@ -1,7 +1,7 @@
 """The GPU profile against the H200's measurements: Auto()'s picks at the measured rows, the
-profile as benchmarks.fit_profile finds it in the committed files, and the device fit's reading
-of sound timings (whole gradients, pullbacks timed alone; never total - forward) on synthetic
-files whose times a known profile predicts."""
+profile as benchmarks.tools.fit_profile finds it in the committed files, and the device fit's
+reading of sound timings (whole gradients, pullbacks timed alone; never total - forward) on
+synthetic files whose times a known profile predicts."""
 
 import json
 import pathlib
@@ -9,10 +9,11 @@ import pathlib
 import pytest
 
 import bppsa
-from benchmarks import _speed_model, fit_profile
+from benchmarks import _speed_model
+from benchmarks.tools import fit_profile
 from bppsa.scan import _profile
 
-H200 = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "gpu-h200"
+H200 = pathlib.Path(__file__).parents[3] / "benchmarks" / "results" / "gpu-h200"
 FILES = ["speed_gpu.json", "total_gpu.json", "width_gpu.json", "gpu_backward.jsonl"]
 AUTO = bppsa.Auto(profile=_profile.GPU)
 

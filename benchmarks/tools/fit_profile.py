@@ -3,7 +3,7 @@
 **CPU** (the default): reads the JSON files of ``benchmarks.speed`` (every row keeps the HLO count
 of each compiled backward: kernels in sequence, flops, bytes; see :mod:`benchmarks._speed_model`)
 and fits the :class:`bppsa.Rates` of a profile (step latency, FLOP rate, bandwidth) that best
-predict the measured median backward times (:func:`benchmarks.hlo_cost.fit_profile`, least
+predict the measured median backward times (:func:`benchmarks.tools.hlo_cost.fit_profile`, least
 squares in log time). A device's ``backward_ms`` is read only where it was timed as its own
 program (below): elsewhere it is ``total - forward``.
 
@@ -20,7 +20,8 @@ program (below): elsewhere it is ``total - forward``.
   fastest run is slower than the fastest whole gradient is an artefact of timing it alone, as BP
   at RNN B = 1 there, and is left out), and a speed JSON's ``backward_ms`` / ``bp_backward_ms``
   where the payload, the row or the method entry says ``"backward": "pullback"``
-  (:data:`results_io.PULLBACK`: the key the timing harness, :mod:`timing`, writes).
+  (:data:`paper_figures.result_files.PULLBACK`: the key the timing harness,
+  :mod:`experiments.timing`, writes).
 * Costs: the library's own model (``method.cost(footprint)``, :mod:`bppsa.scan._core.cost`),
   the one ``Auto()`` ranks methods by on accelerators, not HLO counts: in the H200's speed rows
   ``hlo_backward`` was the compiled gradient minus the compiled standalone forward, again two
@@ -38,8 +39,8 @@ program (below): elsewhere it is ``total - forward``.
   ``--margin`` decades), those that fit the times best. ``--flops gemm`` pins the FLOP rate to
   the speed run's large float32 GEMM (``gemm_gflops``), a rate measured as its own program.
 
-Run: ``.venv/bin/python -m benchmarks.fit_profile benchmarks/results/cpu_floor.json``, or the
-H200 (:data:`bppsa.scan._profile.GPU`): ``.venv/bin/python -m benchmarks.fit_profile --device
+Run: ``.venv/bin/python -m benchmarks.tools.fit_profile benchmarks/results/cpu_floor.json``, or the
+H200 (:data:`bppsa.scan._profile.GPU`): ``.venv/bin/python -m benchmarks.tools.fit_profile --device
 --choices --flops gemm benchmarks/results/gpu-h200/{speed_gpu,total_gpu,width_gpu}.json
 benchmarks/results/gpu-h200/gpu_backward.jsonl`` (``--out`` writes the profile and the ratios).
 """
@@ -55,15 +56,16 @@ import statistics
 
 import numpy as np
 
-from benchmarks import _speed_model, hlo_cost
+from benchmarks import _speed_model
 from benchmarks._speed_cli import SWEEPS
+from benchmarks.tools import hlo_cost
 from bppsa.scan._core import cost
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._profile import Profile, get_profile
-from results_io import PULLBACK, read_json, read_rows, write_json
+from paper_figures.result_files import PULLBACK, read_json, read_rows, write_json
 
 METHODS = {repr(m): m for m in ACCELERATOR_CHOICES}  # what Auto() ranks on accelerators
 BP = METHODS["Sequential()"]

@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from benchmarks import hlo_cost
+from benchmarks.tools import hlo_cost
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._profile import Profile, Rates
 

@@ -3,8 +3,8 @@ the budget, and the summaries of the times (a fake clock: every duration known e
 
 import pytest
 
-from tests.timing.fake_clock import FakeClock
-from timing import interleaved, min_median, ms_fields, quartiles, timed
+from experiments.timing import interleaved, min_median, ms_fields, quartiles, timed
+from tests.experiments.timing.fake_clock import FakeClock
 
 
 def test_timed_returns_the_result_and_the_seconds_of_the_call():

@@ -1,7 +1,7 @@
 """Sparse kernels of ``bppsa.scan``: which numeric phase, and when dense is cheaper.
 
 Measures, jitted, on this machine (interleaved repeats, each timed call right after an untimed
-call of itself, :func:`timing.interleaved`; min and median):
+call of itself, :func:`experiments.timing.interleaved`; min and median):
 
 * ``spgemm``: the numeric phase of a fixed-pattern SpGEMM, the padded-row sum (pairs padded
   per output entry, the pad gathering an appended zero: no scatter) against a flat
@@ -16,12 +16,12 @@ call of itself, :func:`timing.interleaved`; min and median):
   ``J^T`` (sparse @ sparse against the SpMM gathers of a dense operand): the density above which
   the dense form wins (``DENSIFY_DENSITY``).
 
-Run: ``.venv/bin/python -m benchmarks.sparse_kernels`` (about two minutes on 2 cores), or with
+Run: ``.venv/bin/python -m benchmarks.tools.sparse_kernels`` (about two minutes on 2 cores), or with
 ``--sections``, ``--repeats``, ``--out``. Results: JSON written atomically after each section
-(``results/sparse_kernels_cpu.json`` by default) and a printed table.
+(``benchmarks/results/sparse_kernels_cpu.json`` by default) and a printed table.
 
-Measured (results/sparse_kernels_cpu.json: XLA CPU, 2 cores shared with other jobs, JAX 0.10.2,
-float32, medians of 10 interleaved repeats, ms):
+Measured (benchmarks/results/sparse_kernels_cpu.json: XLA CPU, 2 cores shared with other jobs, JAX
+0.10.2, float32, medians of 10 interleaved repeats, ms):
 
 * SpGEMM, padded / bucketed / segment: conv @ conv (6.7M pairs, 5x padding) 38.4 / 23.1 / 8.9;
   per example (B = 8) 298 / 170 / 90; ReLU diagonal (B = 16) @ conv (no padding) 0.60 / 0.98 /
@@ -54,9 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bppsa.scan._sparse import METHODS, Pattern, Sparse, _pairs, product_plan, spgemm_values
-from timing import interleaved
+from experiments.timing import interleaved
 
-ROOT = pathlib.Path(__file__).resolve().parent
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1]
 SECTIONS = ("spgemm", "spmv", "pair_ratio", "storage")
 
 
@@ -113,7 +113,7 @@ def values_for(pattern: Pattern, vbatch=(), seed: int = 0) -> jax.Array:
 
 def measure(fns: dict, args: dict, repeats: int) -> dict:
     """Jits every function, then times them interleaved round by round, each timed call right
-    after an untimed call of itself (:func:`timing.interleaved`); ms per call."""
+    after an untimed call of itself (:func:`experiments.timing.interleaved`); ms per call."""
     calls = {name: functools.partial(jax.jit(fn), *args[name]) for name, fn in fns.items()}
     times = interleaved(calls, repeats)
     return {
@@ -330,7 +330,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
     parser.add_argument("--repeats", type=int, default=10, help="timed rounds after warm-up")
-    default_out = ROOT / "results" / "sparse_kernels_cpu.json"
+    default_out = BENCHMARKS / "results" / "sparse_kernels_cpu.json"
     parser.add_argument("--out", type=pathlib.Path, default=default_out)
     args = parser.parse_args(argv)
     if args.repeats < 1:
