@@ -9,7 +9,7 @@ CPU's defaults). Each field names, in a comment, the benchmark and the result fi
 measured it; the measurements themselves are on the Performance page of the documentation.
 
 :func:`bppsa.set_profile` replaces a backend's profile (e.g. one fitted by
-``python -m benchmarks.fit_profile`` on another machine) and :func:`bppsa.get_profile` reads
+``python -m benchmarks.tools.fit_profile`` on another machine) and :func:`bppsa.get_profile` reads
 it (:mod:`bppsa.scan._core.profiles`); ``bppsa.Auto(profile=...)`` chooses by another profile
 for one scan. The kernels never read a profile themselves: its :class:`Kernels` reach them
 through :mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
@@ -183,7 +183,7 @@ class Kernels:
     small_unroll_rows: int = 4
     tiled_one_row_unroll: int = 2
     folded_diagonal_rows: tuple[int, int] = (2, 16)
-    # benchmarks/sparse_kernels.py, benchmarks/results/sparse_kernels_cpu.json
+    # benchmarks/tools/sparse_kernels.py, benchmarks/results/sparse_kernels_cpu.json
     spgemm_method: str = "auto"
     spmv_method: str = "segment"
     densify_density: float = 0.4
@@ -256,7 +256,7 @@ def _spelled(kind: type) -> str:
     return f"bppsa.{kind.__name__}" if kind.__module__ == __name__ else kind.__name__
 
 
-# The 2-core CPUs of this project. The rates: python -m benchmarks.fit_profile over
+# The 2-core CPUs of this project. The rates: python -m benchmarks.tools.fit_profile over
 # benchmarks/results/floor2/cpu_b{1,16}_run{1,2,3}.json and cpu_long_b{1,16}.json
 # (benchmarks/results/floor2/cpu_profile_fit.json).
 CPU = Profile(
@@ -265,7 +265,7 @@ CPU = Profile(
     measured_rules=True,
 )
 # One NVIDIA H200 (benchmarks/results/gpu-h200/; its README says what the files get wrong). The
-# rates: python -m benchmarks.fit_profile --device --choices --flops gemm over speed_gpu.json,
+# rates: python -m benchmarks.tools.fit_profile --device --choices --flops gemm over speed_gpu.json,
 # total_gpu.json, width_gpu.json and gpu_backward.jsonl there (whole gradients and pullbacks
 # timed alone, never total - forward). Auto() ranks by nothing else on accelerators; of its
 # picks over those files' 66 rows, only T = 10 and 30, B = 16 (speed_gpu.json t_sweep) lose more

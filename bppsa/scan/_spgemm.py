@@ -5,8 +5,8 @@ objects (never on ``Sparse`` elements): the symbolic phase (:class:`ProductPlan`
 :func:`product_plan`, :func:`plan_structures`, the pair lists of :func:`_pairs`), the numeric
 phase (:func:`spgemm_values`, the SpMV :func:`_spmm_rows`) and the measured constants that choose
 among the kernels (the ``spgemm_method``, ``spmv_method``, ``densify_density`` and
-``densify_pair_ratio`` of a :class:`bppsa.Kernels`, measured by ``benchmarks/sparse_kernels.py``,
-in force through :mod:`bppsa.scan._kernels`).
+``densify_pair_ratio`` of a :class:`bppsa.Kernels`, measured by
+``benchmarks/tools/sparse_kernels.py``, in force through :mod:`bppsa.scan._kernels`).
 
 Algorithm summary of the fixed-pattern SpGEMM ``C = E @ L`` (``E`` the EARLIER map
 ``(n0, n1)``, ``L`` the LATER one ``(n1, n2)``), two-phase as scipy's SMMP (Bank & Douglas) and
@@ -232,7 +232,7 @@ def _resolve(method: str, width: int, nnz_out: int, pairs: int) -> str:
     """``"auto"``: the padded sum where it pads nothing (every output entry has as many pairs,
     e.g. a product with a ReLU's diagonal or a max-pooling's one entry per column), the
     bucketed one for at most two pairs per entry, else the segment sum: what the ``spgemm``
-    section of benchmarks/sparse_kernels.py measured faster (see :data:`SPGEMM_METHOD`)."""
+    section of benchmarks/tools/sparse_kernels.py measured faster (see :data:`SPGEMM_METHOD`)."""
     if method != "auto":
         return method
     if width * nnz_out == pairs:
@@ -364,8 +364,8 @@ def _spmm_rows(pattern: Pattern, values: Array, x: Array, method: str) -> Array:
 
     The entries' axis leads, so every gather copies contiguous slices of ``prod(lead)`` floats
     (a whole batch of examples at once) rather than single floats: on XLA CPU the SpMV of a
-    pruned convolution's ``J^T`` on 16 vectors is ~30x faster so (benchmarks/sparse_kernels.py,
-    ``spmv``: ``last_axis``).
+    pruned convolution's ``J^T`` on 16 vectors is ~30x faster so
+    (benchmarks/tools/sparse_kernels.py, ``spmv``: ``last_axis``).
     """
     if method == "segment":
         products = x[pattern.cols] * values
