@@ -123,6 +123,32 @@ def test_blocks_built_wrong_are_named_by_their_wrong_entry(monkeypatch):
         bppsa.grad(_loss(skewed, xs), check_structure=True)(A)
 
 
+def test_a_wrong_entry_of_a_small_scale_jacobian_is_caught(monkeypatch):
+    """The tolerance is relative to each step's own scale (not floored at 1): Jacobians of
+    scale 1e-3 with one entry off by 1e-4 (10%, below sqrt(eps) in absolute terms) raise,
+    and the same Jacobians built right pass."""
+
+    def small(a, h, x):  # blocks (0, 1), (2, 3), entries of about 1e-3
+        g = h.reshape(2, 2)
+        coupled = jnp.stack([g[:, 1], -0.3 * g[:, 0]], 1).reshape(-1)
+        return jnp.tanh(1e-3 * (a * h + coupled) + x)
+
+    xs = _xs()
+    loss = _loss(small, xs, check_structure=True)
+    grads = bppsa.grad(loss)(A)  # built right: passes
+    np.testing.assert_allclose(grads, jax.grad(_reference(small, xs))(A), rtol=2e-5)
+    built = structure.coloured_jacobian_t
+
+    def one_entry_off(fun, point, found):
+        jac_t = built(fun, point, found)
+        return jac_t.with_per_step(blocks=jac_t.blocks.at[..., 0, 0, 1].add(1e-4))
+
+    monkeypatch.setattr(stacked, "coloured_jacobian_t", one_entry_off)
+    expected = r"built as block-diagonal k=2, but at time step xs\[\d\] the largest wrong entry"
+    with pytest.raises(ValueError, match=expected):
+        bppsa.grad(_loss(small, xs, check_structure=True))(A)
+
+
 @pytest.mark.parametrize("body", [diagonal, pairs], ids=["diagonal", "pairs"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_correct_structures_pass_the_check(body, reverse):
