@@ -81,9 +81,10 @@ shakespeare: $(STAMP)
 
 # Mutation testing (mutmut) of the structure analysis (bppsa/scan/_core/element_flow.py,
 # structure.py, dependence.py), the structured elements (bppsa/scan/_blocks.py, the Diagonal
-# class of _elements.py), Auto's structured rule (choose, scan_method, _parallel_pays,
-# _power_of_two of methods/auto.py) and the timing summary (experiments/timing/summary.py)
-# against tests/core/test_structure*.py, test_check_structure*.py, test_auto_rules.py,
+# class of _elements.py), Auto's structured rule (MeasuredRules.pick, Choosing.scan_method,
+# _parallel_pays, _power_of_two of methods/auto.py), the forward's policy (auto_forward.py) and
+# the timing summary (experiments/timing/summary.py) against tests/core/test_structure*.py,
+# test_check_structure*.py, test_auto_rules.py, test_auto_forward.py, test_decision.py,
 # tests/scan/test_blocks.py, test_diagonal_elements.py and tests/experiments/timing/; the scope
 # is in tests/mutation/scope.py, tests/mutation/run.py and [tool.mutmut] of pyproject.toml.
 # mutmut 3 rather than cosmic-ray:

@@ -15,8 +15,8 @@ recurrent cells:
   :func:`chain_memory` (every product it forms, without running it);
 * the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
   :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan`, :class:`Sharded`,
-  :class:`Method`, and :func:`resolve`
-  for names.
+  :class:`Method`, the policies :class:`CostModel` and :class:`MeasuredRules` that ``Auto``
+  chooses by, and :func:`resolve` for names.
 
 So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
 and ``s(f, init, xs)`` scans.
@@ -37,6 +37,8 @@ from bppsa.scan._core.methods import (
     Blelloch,
     Blocked,
     Chunked,
+    CostModel,
+    MeasuredRules,
     Method,
     Policy,
     Sequential,
@@ -56,9 +58,11 @@ __all__ = [
     "Blocked",
     "ChainRow",
     "Chunked",
+    "CostModel",
     "Dense",
     "Diagonal",
     "MapStack",
+    "MeasuredRules",
     "Method",
     "Pattern",
     "Policy",
@@ -105,9 +109,11 @@ class _ScanModule(_types.ModuleType):
     Blocked = Blocked
     ChainRow = ChainRow
     Chunked = Chunked
+    CostModel = CostModel
     Dense = Dense
     Diagonal = Diagonal
     MapStack = MapStack
+    MeasuredRules = MeasuredRules
     Method = Method
     Pattern = Pattern
     Policy = Policy

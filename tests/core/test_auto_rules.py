@@ -235,3 +235,25 @@ def test_the_cpu_rule_defaults_to_a_vmapped_map_with_dense_products():
     # 4 n floats over 4 examples, past parallel_work: only maps that keep a structure scan.
     assert not _parallel_pays(CPU.rules, 100, 128, 4, 512, 0)
     assert _parallel_pays(CPU.rules, 100, 128, 4, 512, 0, structured=True)
+
+
+@pytest.mark.parametrize(
+    "length,size,batch", [(10_000, 20, 16), (1000, 1024, 256), (30, 20, 16), (1000, 64, 1)]
+)
+def test_auto_is_the_profiles_choice_of_two_policies(length, size, batch):
+    """The cost model on accelerators, the measured rules on CPUs: each a policy of its own."""
+    fp = Footprint(
+        length=length, state=size, element=size, dense=size * size, itemsize=4, batch=batch
+    )
+    for profile, rule in ((GPU, bppsa.scan.CostModel()), (CPU, bppsa.scan.MeasuredRules())):
+        for jacobians in (False, True):
+            expected = rule.scan_method(fp, profile=profile, jacobians=jacobians)
+            assert AUTO.scan_method(fp, profile=profile, jacobians=jacobians) == expected
+    # Asked for by name of the algorithm, whatever the backend's profile says.
+    assert bppsa.scan.CostModel(profile=GPU).scan_method(fp, profile=CPU) == AUTO.scan_method(
+        fp, profile=GPU
+    )
+    with pytest.raises(TypeError, match="CostModel: candidates must be"):
+        bppsa.scan.CostModel(candidates=(3,))
+    with pytest.raises(TypeError, match="MeasuredRules: profile must be"):
+        bppsa.scan.MeasuredRules(profile="cpu")

@@ -1,7 +1,9 @@
 """Methods own their backward: a new method is one class, blocking wraps any Jacobian method,
 Auto() is a policy that returns a concrete method."""
 
+import dataclasses
 import math
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,7 @@ from bppsa.models import GRU, gru_cell
 from bppsa.scan import Method, apply
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.methods.base import Supports, require
 from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._profile import CPU
 from tests.helpers import assert_trees_close, spread
@@ -122,3 +125,22 @@ def test_memory_is_owned_by_each_method():
     assert blelloch > chunked > sequential > 0
     assert blelloch > blocked > bppsa.Blocked(bppsa.SequentialScan(), 100).memory(fp)
     assert bppsa.Blocked(bppsa.Blelloch(), 10**6).memory(fp) == blelloch  # one block of all
+
+
+def test_every_capability_has_its_message():
+    """require() names what is missing for every field of Supports (no KeyError, no field
+    without a message), and the methods that form their own Jacobians refuse given ones."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Bare(bppsa.Blelloch):
+        supports: typing.ClassVar[Supports] = Supports(
+            **{f.name: False for f in dataclasses.fields(Supports)}
+        )
+
+    for field in dataclasses.fields(Supports):
+        with pytest.raises(TypeError, match=r"Bare|does not") as error:
+            require(Bare(), field.name, leaves=("complex64[3]",))
+        assert "KeyError" not in repr(error.value)
+    for method in (bppsa.Blocked(bppsa.Blelloch(), 4),):
+        with pytest.raises(TypeError, match="the Jacobians a forward formed"):
+            method.backward(None, [], None, None, None, None, check=False, jacobians=object())

@@ -33,18 +33,20 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
-# "?" stands for "ǁ", mutmut's separator of class and method. Auto's structured rule: `choose`
-# (structured maps always take the blocked scan, and its block size), `scan_method` (the width of
-# the footprint it passes on), `_parallel_pays` and `_power_of_two`. The timing summary
-# (experiments/timing/summary.py): medians and minima of the result rows.
+# "?" stands for "ǁ", mutmut's separator of class and method. Auto's structured rule: the CPU's
+# `MeasuredRules.pick` (structured maps always take the blocked scan, and its block size),
+# `Choosing.scan_method` (the width of the footprint it passes on), `_parallel_pays` and
+# `_power_of_two`; the forward's policy (`budget`, `break_even`, `AutoForward.forward_for`).
+# The timing summary (experiments/timing/summary.py): medians and minima of the result rows.
 SCOPE = (
     "bppsa.scan._core.element_flow.*",
     "bppsa.scan._core.structure.*",
     "bppsa.scan._core.dependence.*",
     "bppsa.scan._blocks.*",
     "bppsa.scan._elements.x?Diagonal?*",
-    "bppsa.scan._core.methods.auto.x?Auto?choose*",
-    "bppsa.scan._core.methods.auto.x?Auto?scan_method*",
+    "bppsa.scan._core.methods.auto.x?MeasuredRules?pick*",
+    "bppsa.scan._core.methods.auto.x?Choosing?scan_method*",
+    "bppsa.scan._core.auto_forward.*",
     "bppsa.scan._core.methods.auto.x__parallel_pays*",
     "bppsa.scan._core.methods.auto.x__power_of_two*",
     "experiments.timing.summary.*",

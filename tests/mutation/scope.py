@@ -27,6 +27,8 @@ TESTS = (
     "tests/core/test_structure*.py",  # test_structure.py, test_structure_*.py, ..._policy.py
     "tests/core/test_check_structure*.py",
     "tests/core/test_auto_rules.py",
+    "tests/core/test_auto_forward.py",  # the forward's policy
+    "tests/core/test_decision.py",
     "tests/scan/test_blocks.py",
     "tests/scan/test_diagonal_elements.py",
     "tests/experiments/timing/test_*.py",  # the timing summary

@@ -45,7 +45,7 @@ from bppsa.scan import _chain, _precision
 from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.decision import Decision, decide_chain
-from bppsa.scan._core.linear import jvp_rule
+from bppsa.scan._core.linear import differentiable
 from bppsa.scan._core.memory import MemoryLimitError, human
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
@@ -137,8 +137,8 @@ def estimate_memory(
 
 
 def _differentiable(chain, static_masks, decision: Decision, plan):
-    """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time: a
-    ``jax.custom_jvp`` with :func:`bppsa.scan._core.linear.jvp_rule`'s rule.
+    """``(params, x, traced_masks) -> y`` with the derivative rule of the scans over time (the
+    one wrapper, :func:`bppsa.scan._core.linear.differentiable`).
     Evaluated (forward mode), the map is JAX's JVP of the layers' forward; transposed (reverse
     mode), it is the decision's method's scan over the layers' transposed Jacobians
     (:func:`_backward`)."""
@@ -149,10 +149,6 @@ def _differentiable(chain, static_masks, decision: Decision, plan):
     def forward(params, x, traced):
         with _precision.cell():
             return chain.forward(params, x, masks=masks_of(traced))
-
-    @jax.custom_jvp
-    def run(params, x, traced):
-        return forward(params, x, traced)
 
     def tangents(res, lin):
         params, inputs, traced = res
@@ -181,8 +177,7 @@ def _differentiable(chain, static_masks, decision: Decision, plan):
         inputs, y = _forward(chain, params, x, masks_of(traced))
         return y, (params, inputs, traced)
 
-    run.defjvp(jvp_rule(evaluate, tangents, transpose, linear=lambda t: t[:2]))
-    return run
+    return differentiable(forward, evaluate, tangents, transpose, linear=lambda t: t[:2])
 
 
 def _backward(chain, method, requested, limit, plan, params, inputs, masks, g):

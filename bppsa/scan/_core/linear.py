@@ -133,6 +133,32 @@ def jvp_rule(
     return rule
 
 
+def differentiable(
+    primal: Callable,
+    evaluate: Callable,
+    tangents: Callable,
+    transpose: Callable,
+    *,
+    linear: Callable = lambda tangents_in: tangents_in,
+    batched_transpose: Callable | None = None,
+    outputs: Callable = lambda out: out,
+) -> Callable:
+    """The library's one differentiable wrapper (scans over time steps and chains of layers):
+    ``primal`` as a ``jax.custom_jvp`` with :func:`jvp_rule`'s rule (``outputs`` picks the
+    primal's outputs from the rule's, e.g. where ``evaluate`` returns more than ``primal``)."""
+    rule = jvp_rule(
+        evaluate, tangents, transpose, linear=linear, batched_transpose=batched_transpose
+    )
+
+    def picked(primals, tangents_in):
+        out, dots = rule(primals, tangents_in)
+        return outputs(out), outputs(dots)
+
+    wrapped = jax.custom_jvp(primal)
+    wrapped.defjvp(picked)
+    return wrapped
+
+
 class _Rule:
     """The parameters of one bound primitive: its functions over flat leaves and output shapes.
 

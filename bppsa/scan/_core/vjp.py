@@ -1,9 +1,9 @@
 """The derivatives of a Jacobian-based scan: a forward slot, a tangent scan, the method's backward.
 
-:func:`jacobian_scan` wires a scan as ``(consts, init, xs) -> (carry, ys)`` with a
-``jax.custom_jvp``. Its JVP rule runs the forward (:mod:`bppsa.scan._core.forward`), keeping the
-carry
-that entered every step, and returns the tangents through
+:func:`jacobian_scan` wires a scan as ``(consts, init, xs) -> (carry, ys)`` with the library's
+one differentiable wrapper (:func:`bppsa.scan._core.linear.differentiable`, which chains of
+layers use too). Its JVP rule runs the forward (:mod:`bppsa.scan._core.forward`), keeping the
+carry that entered every step, and returns the tangents through
 :func:`bppsa.scan._core.linear.linear_map`:
 
 * evaluated (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``), the map is the tangent recurrence
@@ -14,7 +14,11 @@ that entered every step, and returns the tangents through
   scan's footprint and memory limit) back-propagates the cotangents (:func:`cotangents`).
 
 Higher orders compose: the rule calls the scan itself for its primal (a variant that also
-returns the carries), so an outer derivative goes through the same rule again.
+returns the carries), so an outer derivative goes through the same rule again. That is why a
+scan over time wraps two functions: the scan (carry and outputs only, what a forward-only
+program computes) and that variant (also the carries, and the forward's Jacobians where it
+shares them), each with the same rule; a scan defined as a slice of the variant would keep
+every carry in programs that never differentiate it.
 """
 
 from __future__ import annotations
@@ -26,9 +30,8 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import backward, debug
+from bppsa.scan._core import backward, debug, linear
 from bppsa.scan._core.carry import floats_only, zero_cotangent, zeros_for_none
-from bppsa.scan._core.linear import jvp_rule
 from bppsa.scan._core.methods.base import Method, require
 
 if TYPE_CHECKING:
@@ -62,8 +65,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
     setup = _Setup(decision, problem, plan)
     forward = decision.forward
 
-    @jax.custom_jvp
-    def run_keep(consts, init, xs):  # also returns the carry that entered every step
+    def keep_primal(consts, init, xs):  # also returns the carry that entered every step
         with setup.library():
             if decision.shares_jacobians:  # and the steps' Jacobians there, for the backward
                 carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
@@ -71,8 +73,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
             carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
-    @jax.custom_jvp
-    def run(consts, init, xs):
+    def primal(consts, init, xs):
         with setup.library():
             return forward(problem, consts, init, xs, keep=False)
 
@@ -85,26 +86,17 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
         out, res = evaluate(consts, init, xs)
         return out[:3], res
 
-    keep_rule = jvp_rule(  # every output, the shared Jacobians too
-        evaluate,
-        functools.partial(setup.tangents, jacobians=True),
-        setup.cotangents,
-        batched_transpose=setup.batched_cotangents,
+    rules = dict(transpose=setup.cotangents, batched_transpose=setup.batched_cotangents)
+    run_keep = linear.differentiable(  # every output, the shared Jacobians too
+        keep_primal, evaluate, functools.partial(setup.tangents, jacobians=True), **rules
     )
-    rule = jvp_rule(
+    return linear.differentiable(
+        primal,
         evaluate_without_jacobians,
         setup.tangents,
-        setup.cotangents,
-        batched_transpose=setup.batched_cotangents,
+        outputs=lambda out: out[:2],
+        **rules,
     )
-
-    def run_rule(primals, tangents):
-        out, dots = rule(primals, tangents)
-        return out[:2], dots[:2]
-
-    run_keep.defjvp(keep_rule)
-    run.defjvp(run_rule)
-    return run
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -3,7 +3,8 @@
 A method (:class:`Method`) is its linear ``scan`` over the steps' transposed Jacobians, its
 ``memory`` and its ``cost``, and declares what it supports (:class:`Supports`); plain
 back-propagation (:class:`Sequential`) is the one method that scans no Jacobians. A policy
-(:class:`Policy`; ``Auto`` is the library's) chooses the method of each scan and chain of
+(:class:`Policy`; ``Auto`` is the library's, by :class:`CostModel` or :class:`MeasuredRules`
+as the profile says) chooses the method of each scan and chain of
 layers, within a memory limit (:mod:`~bppsa.scan._core.methods.policy`), and
 :func:`bppsa.scan._core.vjp.differentiable` wires the chosen method into the scan as a
 differentiable function. :class:`Blocked` runs any Jacobian method's backward in time blocks,
@@ -11,7 +12,7 @@ differentiable function. :class:`Blocked` runs any Jacobian method's backward in
 exports and the names below.
 """
 
-from bppsa.scan._core.methods.auto import Auto
+from bppsa.scan._core.methods.auto import Auto, CostModel, MeasuredRules
 from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
@@ -30,7 +31,9 @@ __all__ = [
     "Blelloch",
     "Blocked",
     "Chunked",
+    "CostModel",
     "Fixed",
+    "MeasuredRules",
     "Method",
     "Policy",
     "Sequential",

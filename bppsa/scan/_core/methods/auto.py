@@ -1,7 +1,16 @@
-"""``Auto()``: the library's policy, which picks a method for each scan and chain."""
+"""``Auto()``: the library's policy, which picks a method for each scan and chain.
+
+Two algorithms choose, each a policy of its own: :class:`CostModel` (the method the cost model
+of :mod:`bppsa.scan._core.cost` predicts fastest on the profile's rates: accelerators) and
+:class:`MeasuredRules` (the thresholds measured on this project's CPUs, the profile's
+:class:`~bppsa.scan._profile.Rules`). ``Auto()`` is the one whose profile says which
+(``measured_rules``). All three share the memory guard's fallbacks and the chain rule
+(:class:`Choosing`).
+"""
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 from typing import ClassVar
@@ -20,8 +29,209 @@ from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._profile import Profile, Rules
 
 
+class Choosing(policy.Policy):
+    """A policy that picks a method from a scan's footprint by a profile (:meth:`pick`), then
+    holds it to the memory limit (the memory guard's first lower-memory method that fits) and
+    picks a chain's method by the measured sparse-chain margin."""
+
+    profile: Profile | None
+
+    def profile_or(self, backend_profile: Profile) -> Profile:
+        """The profile this policy chooses by, passed down to the kernels: its own, else the
+        backend's (``backend_profile``)."""
+        return self.profile or backend_profile
+
+    @abc.abstractmethod
+    def pick(
+        self, profile: Profile, length, size, batch, element, inputs, single, width, jacobians
+    ) -> Method:
+        """The method for a scan (no memory limit) by ``profile``; the arguments as for
+        :meth:`Auto.choose`."""
+
+    def choose(
+        self,
+        length: int,
+        size: int,
+        backend: str | None = None,
+        *,
+        batch: int = 1,
+        element: int | None = None,
+        inputs: int = 0,
+        single: bool = False,
+        width: int | None = None,
+        jacobians: bool = False,
+    ) -> Method:
+        """The method used for a scan (no memory limit).
+
+        Args:
+            length: number of steps ``T``.
+            size: floats of the differentiable carry of one example (``n``).
+            backend: ``"cpu"``, ``"gpu"``, ... (default: JAX's default backend), whose profile
+                it chooses by unless the policy has its own.
+            batch: examples served at once through ``jax.vmap``.
+            element: floats of one step's transposed Jacobian as stored (e.g. ``n`` for the
+                RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
+            inputs: floats of one step's floating-point ``xs`` for one example (the features
+                per frame); on CPUs more of them favour the parallel methods.
+            single: one example outside ``jax.vmap`` (its ``lax.scan`` steps are
+                matrix-vector products, faster than a vmapped batch of one): on CPUs the scan
+                over the Jacobians must store the profile's ``single_element`` floats per
+                state float to pay.
+            width: the inner dimension of a product of two steps' maps when the maps keep a
+                structure through products (``1`` diagonal, ``k`` for ``k x k`` blocks; then
+                a product keeps ``element`` floats); default ``None``: products are dense.
+            jacobians: the method to use where the Jacobians are scanned anyway (a parallel
+                forward's solves, the finiteness check): never ``Sequential()``.
+
+        Returns:
+            A method; ``Sequential()`` means plain back-propagation.
+        """
+        profile = self.profile_or(profile_of(backend))
+        return self.pick(profile, length, size, batch, element, inputs, single, width, jacobians)
+
+    def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
+        """:meth:`pick` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
+        plain back-propagation for a complex carry; a method that scans the Jacobians within
+        ``limit``, else the first lower-memory method of the memory guard's list that fits
+        (the profile's ``fallback_block``)."""
+        if fp.complex_leaves:
+            return Sequential()
+        profile = self.profile_or(profile)
+        chosen = self.pick(
+            profile,
+            fp.length,
+            fp.size,
+            fp.batch,
+            fp.element,
+            fp.inputs,
+            fp.single,
+            fp.width or None,
+            jacobians,
+        )
+        if chosen.uses_jacobians and (limit is None or limit < math.inf):
+            need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
+            if need > limit_bytes:
+                options = policy.lower_memory(fallbacks(profile), fp, need, limit_bytes)
+                if not options:
+                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp, profile)
+                return options[0][0]
+        return chosen
+
+    def chain_method(self, work, *, profile):
+        """The sequential sparse chain (``SequentialScan()``) where the pruning makes it cheaper
+        than dense back-propagation by the measured margin (the profile's
+        ``chain_sparse_cost``), else plain back-propagation (``Sequential()``: JAX's autodiff
+        of the forward). The parallel levels' filled-in products never paid on a CPU
+        (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
+        cost_ratio = self.profile_or(profile).rules.chain_sparse_cost
+        measured = work()
+        if cost_ratio * measured.sparse < measured.dense:
+            return SequentialScan()
+        return Sequential()
+
+
+def _check_candidates(owner: str, candidates) -> tuple[Method, ...] | None:
+    """``candidates`` as a tuple (a list is taken), checked, naming ``owner``."""
+    if candidates is None:
+        return None
+    if isinstance(candidates, list):
+        candidates = tuple(candidates)
+    if (
+        not isinstance(candidates, tuple)
+        or not candidates
+        or not all(isinstance(m, Method) for m in candidates)
+    ):
+        raise TypeError(
+            f"{owner}: candidates must be a non-empty tuple of methods, got {candidates!r}."
+        )
+    if not any(m.uses_jacobians for m in candidates):
+        raise ValueError(
+            f"{owner}: candidates need a method that scans the Jacobians (for the "
+            f"finiteness check and the forward's solves), got {candidates!r}."
+        )
+    return candidates
+
+
+def _check_profile(owner: str, profile) -> None:
+    if profile is not None and not isinstance(profile, Profile):
+        raise TypeError(
+            f"{owner}: profile must be a bppsa.Profile or None, got {type(profile).__name__}."
+        )
+
+
 @dataclasses.dataclass(frozen=True)
-class Auto(policy.Policy):
+class CostModel(Choosing):
+    """The method the cost model (:mod:`bppsa.scan._core.cost`) predicts fastest among its
+    ``candidates`` on the profile's rates (``Auto()``'s choice on accelerators).
+
+    Attributes:
+        profile: the measured constants it chooses by (``None``: the backend's).
+        candidates: the methods it ranks (``None``: ``Sequential()``, ``Blelloch()``,
+            ``Chunked()``); any method with a ``cost``, a user's own too.
+
+    Example:
+        >>> from bppsa.scan._profile import GPU
+        >>> bppsa.scan.CostModel(profile=GPU).choose(10_000, 20, batch=16, element=20)
+        Blelloch()
+    """
+
+    profile: Profile | None = None
+    candidates: tuple[Method, ...] | None = None
+
+    def __post_init__(self):
+        _check_profile("CostModel", self.profile)
+        object.__setattr__(self, "candidates", _check_candidates("CostModel", self.candidates))
+
+    @property
+    def ranked(self) -> tuple[Method, ...]:
+        """The methods it ranks."""
+        return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
+
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
+        candidates = tuple(m for m in self.ranked if m.uses_jacobians or not jacobians)
+        return _fastest(candidates, length, size, profile, batch, element, width)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredRules(Choosing):
+    """The thresholds measured on this project's CPUs (the profile's
+    :class:`~bppsa.scan._profile.Rules`; ``Auto()``'s choice there): time blocks of the
+    sequential scan over the Jacobians where it beats back-propagation, else plain
+    back-propagation.
+
+    Attributes:
+        profile: the measured constants it chooses by (``None``: the backend's).
+
+    Example:
+        >>> from bppsa.scan._profile import CPU
+        >>> bppsa.scan.MeasuredRules(profile=CPU).choose(10_000, 20, batch=16, element=20)
+        Blocked(method=SequentialScan(), block=2048)
+    """
+
+    profile: Profile | None = None
+
+    def __post_init__(self):
+        _check_profile("MeasuredRules", self.profile)
+
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
+        element = _element(size, element)
+        structured = keeps_structure(size, width)
+        if not jacobians and not _parallel_pays(
+            profile.rules, length, size, batch, element, inputs, single, structured
+        ):
+            return Sequential()
+        work = max(batch * element, 1)
+        if structured:
+            # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
+            low, high = profile.rules.structured_block_steps
+            block = _power_of_two(profile.rules.structured_block_work // work, low, high)
+            return Blocked(SequentialScan(), block)
+        low, high = profile.rules.block_steps
+        return Blocked(SequentialScan(), _power_of_two(profile.rules.block_work // work, low, high))
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto(Choosing):
     """Chooses a method from the sequence length, the Jacobian and batch sizes, and the backend.
 
     A policy (:class:`bppsa.scan._core.methods.policy.Policy`), passed as ``method=`` like a
@@ -62,100 +272,25 @@ class Auto(policy.Policy):
     name: ClassVar[str] = "auto"
 
     def __post_init__(self):
-        if self.profile is not None and not isinstance(self.profile, Profile):
-            raise TypeError(
-                f"Auto: profile must be a bppsa.Profile or None, got {type(self.profile).__name__}."
-            )
-        candidates = self.candidates
-        if candidates is not None:
-            if isinstance(candidates, list):
-                candidates = tuple(candidates)
-                object.__setattr__(self, "candidates", candidates)
-            if (
-                not isinstance(candidates, tuple)
-                or not candidates
-                or not all(isinstance(m, Method) for m in candidates)
-            ):
-                raise TypeError(
-                    f"Auto: candidates must be a non-empty tuple of methods, got {candidates!r}."
-                )
-            if not any(m.uses_jacobians for m in candidates):
-                raise ValueError(
-                    "Auto: candidates need a method that scans the Jacobians (for the "
-                    f"finiteness check and the forward's solves), got {candidates!r}."
-                )
+        _check_profile("Auto", self.profile)
+        object.__setattr__(self, "candidates", _check_candidates("Auto", self.candidates))
 
     @property
     def ranked(self) -> tuple[Method, ...]:
         """The methods the cost model ranks on accelerators."""
         return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
 
-    def profile_or(self, backend_profile: Profile) -> Profile:
-        """The profile this policy chooses by, passed down to the kernels: its own, else the
-        backend's (``backend_profile``)."""
-        return self.profile or backend_profile
+    def rule(self, profile: Profile) -> Choosing:
+        """The algorithm that chooses by ``profile``: :class:`MeasuredRules` where it has
+        measured rules (CPUs), else :class:`CostModel` over the ``candidates``."""
+        if profile.measured_rules:
+            return MeasuredRules(profile)
+        return CostModel(profile, self.candidates)
 
-    def choose(
-        self,
-        length: int,
-        size: int,
-        backend: str | None = None,
-        *,
-        batch: int = 1,
-        element: int | None = None,
-        inputs: int = 0,
-        single: bool = False,
-        width: int | None = None,
-        jacobians: bool = False,
-    ) -> Method:
-        """The method used for a scan (no memory limit).
-
-        Args:
-            length: number of steps ``T``.
-            size: floats of the differentiable carry of one example (``n``).
-            backend: ``"cpu"``, ``"gpu"``, ... (default: JAX's default backend).
-            batch: examples served at once through ``jax.vmap``.
-            element: floats of one step's transposed Jacobian as stored (e.g. ``n`` for the
-                RNN's ``W^T diag(d)``, ``4n`` for the GRU's); default ``n * n`` (dense).
-            inputs: floats of one step's floating-point ``xs`` for one example (the features
-                per frame); on CPUs more of them favour the parallel methods.
-            single: one example outside ``jax.vmap`` (its ``lax.scan`` steps are
-                matrix-vector products, faster than a vmapped batch of one): on CPUs the scan
-                over the Jacobians must store the profile's ``single_element`` floats per
-                state float to pay.
-            width: the inner dimension of a product of two steps' maps when the maps keep a
-                structure through products (``1`` diagonal, ``k`` for ``k x k`` blocks; then
-                a product keeps ``element`` floats); default ``None``: products are dense.
-            jacobians: the method to use where the Jacobians are scanned anyway (a parallel
-                forward's solves, the finiteness check): never ``Sequential()``.
-
-        Returns:
-            A method; ``Sequential()`` means plain back-propagation.
-        """
-        profile = self.profile_or(profile_of(backend))
-        return self._choose(profile, length, size, batch, element, inputs, single, width, jacobians)
-
-    def _choose(
-        self, profile, length, size, batch, element, inputs, single, width, jacobians
-    ) -> Method:
-        """:meth:`choose` by ``profile``."""
-        candidates = tuple(m for m in self.ranked if m.uses_jacobians or not jacobians)
-        if not profile.measured_rules:
-            return _fastest(candidates, length, size, profile, batch, element, width)
-        element = _element(size, element)
-        structured = keeps_structure(size, width)
-        if not jacobians and not _parallel_pays(
-            profile.rules, length, size, batch, element, inputs, single, structured
-        ):
-            return Sequential()
-        work = max(batch * element, 1)
-        if keeps_structure(size, width):
-            # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
-            low, high = profile.rules.structured_block_steps
-            block = _power_of_two(profile.rules.structured_block_work // work, low, high)
-            return Blocked(SequentialScan(), block)
-        low, high = profile.rules.block_steps
-        return Blocked(SequentialScan(), _power_of_two(profile.rules.block_work // work, low, high))
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
+        return self.rule(profile).pick(
+            profile, length, size, batch, element, inputs, single, width, jacobians
+        )
 
     def predictions(
         self,
@@ -177,46 +312,6 @@ class Auto(policy.Policy):
         """
         profile = self.profile_or(profile_of(backend))
         return _predicted(self.ranked, length, size, profile, batch, element, width)
-
-    def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
-        """:meth:`choose` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
-        plain back-propagation for a complex carry; a method that scans the Jacobians within
-        ``limit``, else the first lower-memory method of the memory guard's list that fits
-        (the profile's ``fallback_block``)."""
-        if fp.complex_leaves:
-            return Sequential()
-        profile = self.profile_or(profile)
-        chosen = self._choose(
-            profile,
-            fp.length,
-            fp.size,
-            fp.batch,
-            fp.element,
-            fp.inputs,
-            fp.single,
-            fp.width or None,
-            jacobians,
-        )
-        if chosen.uses_jacobians and (limit is None or limit < math.inf):
-            need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
-            if need > limit_bytes:
-                options = policy.lower_memory(fallbacks(profile), fp, need, limit_bytes)
-                if not options:
-                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp, profile)
-                return options[0][0]
-        return chosen
-
-    def chain_method(self, work, *, profile):
-        """The sequential sparse chain (``SequentialScan()``) where the pruning makes it cheaper
-        than dense back-propagation by the measured margin (the profile's
-        ``chain_sparse_cost``), else plain back-propagation (``Sequential()``: JAX's autodiff
-        of the forward). The parallel levels' filled-in products never paid on a CPU
-        (``experiments/pruned_vgg11.py benchmark``); they are not chosen."""
-        cost_ratio = self.profile_or(profile).rules.chain_sparse_cost
-        measured = work()
-        if cost_ratio * measured.sparse < measured.dense:
-            return SequentialScan()
-        return Sequential()
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())

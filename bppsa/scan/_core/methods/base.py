@@ -59,6 +59,7 @@ WHAT = {
     "complex_carry": "a carry with complex leaves",
     "tangents": "forward mode (jax.jvp, jax.jacfwd, jax.linearize)",
     "whole_batch": "a whole vmapped batch at once",
+    "forward_jacobians": "the Jacobians a forward formed (it forms its own, a part at a time)",
 }
 
 

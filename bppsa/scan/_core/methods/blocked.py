@@ -7,7 +7,7 @@ import functools
 from typing import ClassVar
 
 from bppsa.scan._core import backward, cost
-from bppsa.scan._core.methods.base import Method, Supports
+from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 
 BLOCK = 1024  # the default block: the memory guard's fallback block on both profiles
@@ -55,7 +55,12 @@ class Blocked(Method):
     def scan(self, g_last, maps, offsets):
         return self.method.scan(g_last, maps, offsets)
 
-    def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
+    def backward(
+        self, problem, consts, carries_before, xs, g_last, ct_ys, *, check, jacobians=None
+    ):
+        if jacobians is not None:
+            require(self, "forward_jacobians")
+
         def span(carries, xs, g_end, ct_ys):
             return self.method.backward(problem, consts, carries, xs, g_end, ct_ys, check=check)
 

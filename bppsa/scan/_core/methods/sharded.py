@@ -42,7 +42,7 @@ from bppsa.scan._algorithms import aggregate, apply, combine
 from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
-from bppsa.scan._core.methods.base import Method, Supports
+from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._elements import Dense
@@ -174,7 +174,11 @@ class Sharded(Method):
         exchange = cost.exchange(fp, self.devices, rounds if self.exchange == "ppermute" else 0)
         return cost.plus(local, cost.aggregate(fp, per_device), exchange)
 
-    def backward(self, problem, consts, carries_before, xs, g_last, ct_ys, *, check):
+    def backward(
+        self, problem, consts, carries_before, xs, g_last, ct_ys, *, check, jacobians=None
+    ):
+        if jacobians is not None:
+            require(self, "forward_jacobians")
         num_steps = jax.tree.leaves(carries_before)[0].shape[0]
         if num_steps == 0:
             return SequentialScan().backward(
