@@ -63,12 +63,12 @@ def masked(x, shape: Sequence[int], axes: Sequence[int], fill) -> Any:
     return lax.select(mask, x, lax.full_like(x, fill))
 
 
-ELEMENTWISE = frozenset(  # noqa: SIM905 - a list of names reads better as words
+ELEMENTWISE = frozenset(
     """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz
     convert_element_type copy copy_p cos cosh div eq erf_inv exp exp2 expm1 floor ge gt
     integer_pow is_finite le log log1p logistic lt max min mul ne neg nextafter not or
     population_count pow rem rsqrt select_n shift_left shift_right_arithmetic
-    shift_right_logical sign sin sinh sqrt square sub tan tanh xor""".split()
+    shift_right_logical sign sin sinh sqrt square sub tan tanh xor""".split()  # noqa: SIM905
 )
 # computed in float32 for low-precision floats (not comparisons, conversions, selections)
 _UPCAST = ELEMENTWISE - {
