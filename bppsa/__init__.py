@@ -24,8 +24,8 @@ else:
     from bppsa import scan
 from bppsa.jacobians import AnalyticJacobianWarning
 from bppsa.scan._core.api import estimate_memory
-from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.grad import grad, value_and_grad
 from bppsa.scan._core.memory import MemoryLimitError
 from bppsa.scan._core.methods import (

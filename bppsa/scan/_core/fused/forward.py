@@ -25,8 +25,9 @@ from jax.extend.core import Literal
 
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
+from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.split import Split, run_equations, split_step
+from bppsa.scan._core.fused.split import Split, split_step
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem

@@ -30,7 +30,7 @@ from jax import lax
 from jax.extend.core import Literal
 
 from bppsa.scan._core.fused import lowering
-from bppsa.scan._core.fused.split import bind
+from bppsa.scan._core.fused.jaxprs import bind
 
 
 def pow2(n: int) -> int:

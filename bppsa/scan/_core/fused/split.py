@@ -19,77 +19,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+from jax.extend.core import ClosedJaxpr, Literal
 
-# Primitives whose inner jaxpr is evaluated in place (their own rules only matter to autodiff,
-# which never runs through the forward: the library's derivative rules wrap it).
-INLINED = frozenset(
-    {
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "remat",
-        "remat2",
-        "checkpoint",
-    }
-)
-
-
-def _inner(eqn) -> tuple[Jaxpr, Sequence[Any]] | None:
-    """The jaxpr and consts an inlined call evaluates (``None``: not an inlined call)."""
-    if eqn.primitive.name not in INLINED:
-        return None
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        inner = eqn.params.get(key)
-        if isinstance(inner, ClosedJaxpr):
-            return inner.jaxpr, inner.consts
-        if isinstance(inner, Jaxpr):
-            return inner, ()
-    return None
-
-
-def bind(eqn, *args: Any, **updates: Any) -> list[Any]:
-    """``eqn``'s primitive bound to ``args`` with its parameters (``updates`` replacing some)."""
-    params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns: Sequence[Any] = ()
-    if isinstance(params, tuple):  # JAX versions that split off the subfunctions
-        subfuns, params = params
-    out = eqn.primitive.bind(*subfuns, *args, **{**params, **updates})
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def evaluate(jaxpr: Jaxpr, consts: Sequence[Any], *args: Any, inline: bool = True) -> list[Any]:
-    """``jaxpr`` evaluated by binding its primitives (inlined calls evaluated in place)."""
-    env: dict[Any, Any] = {}
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for var, value in zip(jaxpr.constvars, consts):
-        env[var] = value
-    for var, value in zip(jaxpr.invars, args):
-        env[var] = value
-    for eqn in jaxpr.eqns:
-        invals = [read(v) for v in eqn.invars]
-        inner = _inner(eqn) if inline else None
-        if inner is not None:
-            outvals = evaluate(inner[0], inner[1], *invals[-len(inner[0].invars) :])
-        else:
-            outvals = bind(eqn, *invals)
-        for var, value in zip(eqn.outvars, outvals):
-            env[var] = value
-    return [read(v) for v in jaxpr.outvars]
-
-
-def flat_jaxpr(fun: Callable, *shapes: Any) -> ClosedJaxpr:
-    """The jaxpr of ``fun`` on flat arguments, with every inlined call evaluated in place."""
-    closed = jax.make_jaxpr(fun)(*shapes)
-    return jax.make_jaxpr(lambda *a: evaluate(closed.jaxpr, closed.consts, *a))(*shapes)
+from bppsa.scan._core.fused.jaxprs import flat_jaxpr
+from bppsa.scan._core.fused.slices import push_slices
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -139,7 +72,7 @@ def split_step(step: Callable, carry: Sequence[Any], x: Sequence[Any], consts: S
         num_ys.append(len(ys))
         return [*new_carry, *ys]
 
-    closed = flat_jaxpr(flat, *carry, *x, *consts)
+    closed = push_slices(flat_jaxpr(flat, *carry, *x, *consts), nc)
     jaxpr = closed.jaxpr
     on_carry = set(jaxpr.invars[:nc])
     on_x = set(jaxpr.invars[nc : nc + nx])
@@ -174,14 +107,3 @@ def split_step(step: Callable, carry: Sequence[Any], x: Sequence[Any], consts: S
         constant_residuals=tuple(v for v in residuals if v not in on_x),
         step_residuals=tuple(v for v in residuals if v in on_x),
     )
-
-
-def run_equations(eqns: Sequence[Any], env: dict) -> dict:
-    """Evaluates ``eqns`` (flat: no inlined calls left) into ``env`` and returns it."""
-
-    def read(v):
-        return v.val if isinstance(v, Literal) else env[v]
-
-    for eqn in eqns:
-        env.update(zip(eqn.outvars, bind(eqn, *[read(v) for v in eqn.invars])))
-    return env
