@@ -103,6 +103,16 @@ def pytree_carry(hidden):  # a dict carry with an integer counter, a concatenati
     return body, {"h": jnp.zeros(hidden), "m": jnp.zeros(hidden), "n": jnp.int32(0)}
 
 
+def moves(hidden):  # moves of the carry inside the loop: a reversal, a roll, a pad, a slice
+    w = weight(hidden)
+
+    def body(h, x):
+        moved = 0.5 * h[::-1] + 0.25 * jnp.roll(h, 1) + 0.125 * jnp.pad(h[1:], (0, 1))
+        return jnp.tanh(w @ h + moved + x.sum()), h[:3]
+
+    return body, jnp.linspace(-1.0, 1.0, hidden)
+
+
 CELLS = {
     "rnn": library(RNN(), rnn_cell),
     "gru": library(GRU(), gru_cell),
@@ -110,6 +120,7 @@ CELLS = {
     "layer_norm": layer_norm,
     "split_gates": split_gates,
     "pytree": pytree_carry,
+    "moves": moves,
 }
 
 
@@ -131,6 +142,7 @@ def fused_plan(body, init, xs):
         ("layer_norm", 24),
         ("split_gates", 100),
         ("pytree", 5),
+        ("moves", 20),
     ],
 )
 def test_interpreted_kernel_equals_lax_scan(cell, hidden):
@@ -173,6 +185,10 @@ def test_the_loop_keeps_only_the_recurrence():
     assert [v.aval.shape for v in plan.split.step_residuals] == [(20,)]
     whole = flat_jaxpr(lambda h, x: body(h, x)[0], init, xs[0])
     assert len(whole.jaxpr.eqns) == 8  # and two transposes, one x product, one bias: once
+
+    body, init = CELLS["layer_norm"](20)  # a product used whole, three times: formed once
+    plan, _ = fused_plan(body, init, xs)
+    assert [e.primitive.name for e in plan.split.recurrence].count("dot_general") == 1
 
 
 def test_gate_slices_become_products_with_sliced_weights():
@@ -273,6 +289,7 @@ def cuda_text(fun, *args) -> str:
         ("layer_norm", 24),
         ("split_gates", 20),
         ("pytree", 5),
+        ("moves", 20),
     ],
 )
 def test_the_cuda_lowering_holds_the_kernel_and_no_while(cell, hidden):

@@ -38,17 +38,21 @@ def _take(x, index: Index):
 @dataclasses.dataclass
 class _Lazy:
     """A value not formed yet: ``make(index)`` forms the part ``index`` of it, where
-    ``sliceable(index)`` says that part comes without a move inside the loop."""
+    ``sliceable(index)`` says that part comes without a move inside the loop. Each part is
+    formed once (:meth:`part`)."""
 
     shape: tuple[int, ...]
     make: Callable[[Index], Any]
     sliceable: Callable[[Index], bool]
-    value: Any = None
+    parts: dict = dataclasses.field(default_factory=dict)
+
+    def part(self, index: Index):
+        if index not in self.parts:
+            self.parts[index] = self.make(index)
+        return self.parts[index]
 
     def whole(self):
-        if self.value is None:
-            self.value = self.make(tuple((0, n, 1) for n in self.shape))
-        return self.value
+        return self.part(tuple((0, n, 1) for n in self.shape))
 
 
 def _dot(eqn, args, on_carry):
@@ -86,7 +90,7 @@ def _elementwise(eqn, args, lazy, on_carry):
 
     def part(a, is_lazy, index):
         if is_lazy:
-            return a.make(index)
+            return a.part(index)
         return a if getattr(a, "ndim", 0) == 0 else _take(a, index)
 
     def sliceable(index):
@@ -142,7 +146,7 @@ def push_slices(closed: ClosedJaxpr, num_carry: int) -> ClosedJaxpr:
             if name in ("slice", "split") and lazy[0]:
                 parts = _slices(eqn)
                 if all(raw[0].sliceable(p) for p in parts):
-                    env.update(zip(eqn.outvars, [raw[0].make(p) for p in parts]))
+                    env.update(zip(eqn.outvars, [raw[0].part(p) for p in parts]))
                     continue
             if name == "dot_general" and any(deps) and not all(deps):
                 env[eqn.outvars[0]] = _dot(eqn, [read(v) for v in eqn.invars], deps)
