@@ -5,8 +5,8 @@ subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`v
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Blelloch`,
 :class:`Blocked`, :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan` and
 :class:`Sharded` (subclasses of :class:`Method`) and the policy :class:`Auto` that chooses
-among them (a :class:`Policy`), the forward passes :class:`Newton` (with :class:`NewtonInfo`)
-and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
+among them (a :class:`Policy`), the forward passes :class:`Newton` (with :class:`NewtonInfo`),
+:class:`Fused` and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
 :class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided), the measured
 constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules` and
 :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and :class:`AnalyticJacobianWarning`.
@@ -25,6 +25,7 @@ else:
 from bppsa.jacobians import AnalyticJacobianWarning
 from bppsa.scan._core.api import estimate_memory
 from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.grad import grad, value_and_grad
 from bppsa.scan._core.memory import MemoryLimitError
 from bppsa.scan._core.methods import (
@@ -52,6 +53,7 @@ __all__ = [
     "Blelloch",
     "Blocked",
     "Chunked",
+    "Fused",
     "Kernels",
     "MemoryLimitError",
     "Method",

@@ -50,6 +50,7 @@ DOCTEST_MODULES = [
     "bppsa.scan._core.methods.auto",
     "bppsa.scan._core.methods.sharded",
     "bppsa.scan._core.newton",
+    "bppsa.scan._core.fused.forward",
     "bppsa.scan._core.auto_forward",
     "bppsa.scan._profile",
     "bppsa.scan._core.profiles",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.methods.resolve import by_name
 from bppsa.scan._core.newton import Newton
 
 FORWARDS: dict[str, type[Forward] | type[AutoForward]] = {
-    cls.name: cls for cls in (SequentialForward, Newton, AutoForward)
+    cls.name: cls for cls in (SequentialForward, Newton, Fused, AutoForward)
 }
 
 

@@ -1,0 +1,244 @@
+"""``bppsa.Fused()``: the forward loop of a scan in one GPU kernel (Pallas), any cell.
+
+The step is split (:mod:`~bppsa.scan._core.fused.split`): what does not depend on the carry runs
+before the loop for all steps at once, outputs ``ys`` that are not carries run after it for all
+steps at once, and only the carry's dependence cone runs in the kernel
+(:mod:`~bppsa.scan._core.fused.kernel`), on arrays padded to powers of two with masks
+(:mod:`~bppsa.scan._core.fused.padded`). The platform is chosen when the program is lowered
+(``lax.platform_dependent``): on CUDA the kernel (Triton), on the CPU the same kernel in Pallas'
+interpreter, elsewhere ``lax.scan``. A scan the kernel cannot run (:meth:`Fused.why_not`) runs
+``lax.scan``: never an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Literal
+
+from bppsa.scan._core.forward import Forward, run_sequentially
+from bppsa.scan._core.fused import padded
+from bppsa.scan._core.fused.jaxprs import run_equations
+from bppsa.scan._core.fused.kernel import carries_after
+from bppsa.scan._core.fused.split import Split, split_step
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.problem import Problem
+
+# The envelope (entries, after padding): the largest array one operation of the recurrence
+# forms, and the constants the kernel keeps loaded. Set from register files of 64K 32-bit
+# registers per SM; the compile grid of issue 43 (item 4e) is to settle them on a device.
+MAX_TILE = 1 << 16
+MAX_RESIDENT = 1 << 17
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Plan:
+    split: Split
+    ys_tree: Any
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass(frozen=True)
+class Fused(Forward):
+    """The forward loop in one Pallas kernel launch, the carry on chip.
+
+    Attributes:
+        num_warps: Triton warps per program (one program per example under ``jax.vmap``).
+
+    Example:
+        >>> from bppsa.models import RNN, rnn_cell
+        >>> params = RNN().init(3, 20, key=jax.random.key(0))
+        >>> body = lambda h, x: (rnn_cell(params, h, x), h)
+        >>> h, ys = bppsa.scan(body, jnp.zeros(20), jnp.ones((50, 3)), forward="fused")
+        >>> ys.shape
+        (50, 20)
+    """
+
+    num_warps: int = 4
+    name: ClassVar[str] = "fused"
+
+    def why_not(self, problem: Problem) -> str | None:
+        """Why the kernel cannot run ``problem``'s scan (``None``: it can)."""
+        plan = self._plan(problem)
+        return plan if isinstance(plan, str) else None
+
+    def __call__(self, problem, consts, init, xs, *, keep):
+        plan = self._plan(problem)
+        if isinstance(plan, str):
+            return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
+
+        def kernel(interpret):
+            return lambda c, i, x: _run(plan, problem.length, c, i, x, keep, interpret, self)
+
+        def sequential(c, i, x):
+            return run_sequentially(problem.body.step, c, i, x, problem.length, keep)
+
+        return lax.platform_dependent(
+            list(consts), init, xs, cpu=kernel(True), cuda=kernel(False), default=sequential
+        )
+
+    def _plan(self, problem: Problem) -> _Plan | str:
+        if problem not in _PLANS:
+            _PLANS[problem] = _make_plan(problem, self)
+        return _PLANS[problem]
+
+    def __repr__(self) -> str:
+        return "Fused()" if self.num_warps == 4 else f"Fused(num_warps={self.num_warps})"
+
+
+def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
+    """The split step of ``problem``, or why the kernel cannot run it."""
+    if problem.length < 1:
+        return "an empty scan (length 0)"
+    body = problem.body
+    carry_leaves, carry_tree = jax.tree.flatten(problem.init)
+    x_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), problem.xs)
+    x_leaves, x_tree = jax.tree.flatten(x_shapes)
+    consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in body.consts]
+    ys_trees = []
+
+    def step(carry, x, consts):
+        out, *_ = body.converted(carry_tree.unflatten(carry), x_tree.unflatten(x), *consts)
+        new_carry, ys = out
+        y_leaves, ys_tree = jax.tree.flatten(ys)
+        ys_trees.append(ys_tree)
+        return carry_tree.flatten_up_to(new_carry), y_leaves
+
+    try:
+        split = split_step(step, carry_leaves, x_leaves, consts)
+    except Exception as err:  # any failure of the split falls back
+        return f"the step could not be split: {type(err).__name__}: {err}"
+    reason = _unsupported(split)
+    if reason is not None:
+        return reason
+    plan = _Plan(split, ys_trees[0])
+    try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
+        init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), problem.init)
+        jax.eval_shape(
+            lambda c, i, x: _run(plan, problem.length, c, i, x, True, True, forward),
+            consts,
+            init,
+            problem.xs,
+        )
+    except Exception as err:  # any error of the rules falls back
+        return f"the kernel could not be built: {type(err).__name__}: {err}"
+    return plan
+
+
+def _unsupported(split: Split) -> str | None:
+    for v in split.carry_in:
+        dtype = np.dtype(v.aval.dtype)
+        if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
+            return f"a carry of {dtype.name} (the kernel runs 32-bit and narrower types)"
+    for eqn in split.recurrence:
+        reason = padded.unsupported(eqn)
+        if reason is not None:
+            return reason
+        tile = padded.largest_tile(eqn)
+        if tile > MAX_TILE:
+            return (
+                f"the primitive {eqn.primitive.name!r} forms {tile} entries after padding "
+                f"(the kernel's envelope: {MAX_TILE})"
+            )
+    resident = sum(
+        math.prod(padded.padded_shape(v.aval.shape))
+        for v in [*split.constant_residuals, *split.carry_in]
+    )
+    if resident > MAX_RESIDENT:
+        return (
+            f"its constants and carry hold {resident} entries after padding (the kernel's "
+            f"envelope: {MAX_RESIDENT})"
+        )
+    return None
+
+
+def _run(plan: _Plan, length, consts, init, xs, keep, interpret, forward: Fused):
+    """The fused forward, as :class:`Forward` returns it."""
+    split = plan.split
+    jaxpr = split.jaxpr.jaxpr
+    nc, nx = split.num_carry, split.num_x
+    carry_leaves, carry_tree = jax.tree.flatten(init)
+    x_leaves = jax.tree.leaves(xs)
+    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
+    env.update(zip(jaxpr.invars[nc + nx :], consts))
+    run_equations(split.constant, env)
+    x_vars = jaxpr.invars[nc : nc + nx]
+
+    def per_step(x):
+        local = dict(env)
+        local.update(zip(x_vars, x))
+        run_equations(split.per_step, local)
+        return [local[v] for v in split.step_residuals]
+
+    steps = jax.vmap(per_step)(x_leaves) if split.step_residuals else []
+    after = carries_after(
+        split,
+        length,
+        carry_leaves,
+        [env[v] for v in split.constant_residuals],
+        steps,
+        interpret=interpret,
+        num_warps=forward.num_warps,
+    )
+    before = [
+        jnp.concatenate([c[None].astype(a.dtype), a[:-1]]) for c, a in zip(carry_leaves, after)
+    ]
+    ys = _outputs(split, length, env, x_vars, x_leaves, steps, before, after)
+    final = carry_tree.unflatten([a[-1] for a in after])
+    ys = plan.ys_tree.unflatten(ys)
+    if keep:
+        return final, (ys, carry_tree.unflatten(before))
+    return final, ys
+
+
+def _outputs(split: Split, length, env, x_vars, x_leaves, steps, before, after) -> list:
+    """The ``ys`` leaves for all steps: carries where they are carries, else evaluated after
+    the loop for all steps at once from the carries that entered each step."""
+    carry_in, carry_out = split.carry_in, split.carry_out
+    ys: list[Any] = [None] * len(split.ys_out)
+    rest = []
+    for i, v in enumerate(split.ys_out):
+        if not isinstance(v, Literal) and v in carry_out:
+            ys[i] = after[carry_out.index(v)]
+        elif not isinstance(v, Literal) and v in carry_in:
+            ys[i] = before[carry_in.index(v)]
+        else:
+            rest.append(i)
+    if rest:
+        wanted = [split.ys_out[i] for i in rest]
+        known = {*env, *carry_in, *x_vars, *split.step_residuals}
+        eqns = _needed(split.jaxpr.jaxpr.eqns, wanted, known)
+
+        def post(carry, x, step_values):
+            local = dict(env)
+            local.update(zip(carry_in, carry))
+            local.update(zip(x_vars, x))
+            local.update(zip(split.step_residuals, step_values))
+            run_equations(eqns, local)
+            return [v.val if isinstance(v, Literal) else local[v] for v in wanted]
+
+        values = jax.vmap(post, axis_size=length)(before, x_leaves, steps)
+        for i, value in zip(rest, values):
+            ys[i] = value
+    return ys
+
+
+def _needed(eqns, outvars, known) -> list:
+    """The equations of ``eqns`` that ``outvars`` need, given the variables ``known``."""
+    needed = {v for v in outvars if not isinstance(v, Literal) and v not in known}
+    kept = []
+    for eqn in reversed(eqns):
+        if any(v in needed for v in eqn.outvars):
+            kept.append(eqn)
+            needed.update(v for v in eqn.invars if not isinstance(v, Literal) and v not in known)
+    return kept[::-1]

@@ -1,0 +1,345 @@
+"""The recurrence evaluated on arrays padded to powers of two, exactly.
+
+Pallas' GPU (Triton) lowering wants every array's size a power of two. :func:`run_padded`
+evaluates the recurrence's equations on arrays whose every axis is padded to the next power of
+two (:func:`padded_shape`). Padded lanes hold anything (they are never read as values); each
+rule keeps them out of what mixes lanes:
+
+* elementwise operations act lane by lane: padded lanes stay apart;
+* reductions and contractions first set the padded lanes of the reduced axes to the operation's
+  identity (:func:`valid_lanes` is the mask), so a mean or a layer norm over ``H = 20`` is that
+  over 20 lanes;
+* moves (``slice``, ``split``, ``concatenate``, ``pad``, ``rev``) select each output lane from
+  its input lane with an iota comparison and a reduction (the lowering has no rule for them);
+* ``dot_general`` is a broadcast product and a sum over the masked contracting axes: the carry
+  of one example is a vector, below the 16-per-side minimum of the GPU's matrix units.
+
+Low-precision floats (bfloat16, float16) are computed in float32 and rounded after every
+operation, as XLA does on CPUs and GPUs. :func:`unsupported` says why an equation cannot run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Literal
+
+from bppsa.scan._core.fused import lowering
+from bppsa.scan._core.fused.jaxprs import bind
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (``1`` for ``0``)."""
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def padded_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(pow2(d) for d in shape)
+
+
+def valid_lanes(shape: Sequence[int], axes: Sequence[int]) -> Any:
+    """``padded_shape(shape)`` booleans, true where the index along every axis of ``axes`` is
+    within ``shape`` (``None`` where nothing along them is padded)."""
+    padded = padded_shape(shape)
+    mask = None
+    for axis in axes:
+        if padded[axis] != shape[axis]:
+            lane = lax.broadcasted_iota(jnp.int32, padded, axis) < shape[axis]
+            mask = lane if mask is None else mask & lane
+    return mask
+
+
+def masked(x, shape: Sequence[int], axes: Sequence[int], fill) -> Any:
+    """``x`` with the padded lanes of ``axes`` set to ``fill``."""
+    mask = valid_lanes(shape, axes)
+    if mask is None:
+        return x
+    return lax.select(mask, x, lax.full_like(x, fill))
+
+
+ELEMENTWISE = frozenset(
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz
+    convert_element_type copy copy_p cos cosh div eq erf_inv exp exp2 expm1 floor ge gt
+    integer_pow is_finite le log log1p logistic lt max min mul ne neg nextafter not or
+    population_count pow rem rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin sinh sqrt square sub tan tanh xor""".split()  # noqa: SIM905
+)
+# computed in float32 for low-precision floats (not comparisons, conversions, selections)
+_UPCAST = ELEMENTWISE - {
+    "convert_element_type",
+    "copy",
+    "copy_p",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "select_n",
+    "is_finite",
+    "and",
+    "or",
+    "not",
+    "xor",
+}
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _shape(v) -> tuple[int, ...]:
+    return tuple(v.aval.shape)
+
+
+def _elementwise(eqn, args):
+    dtype = eqn.outvars[0].aval.dtype
+    low = [a for a in args if jnp.result_type(a) in _LOW]
+    if eqn.primitive.name in _UPCAST and low and eqn.params.get("out_dtype") is None:
+        args = [a.astype(jnp.float32) if jnp.result_type(a) in _LOW else a for a in args]
+        return [out.astype(dtype) for out in bind(eqn, *args)]
+    return bind(eqn, *args)
+
+
+def _iota(eqn, args):
+    return bind(eqn, shape=padded_shape(eqn.params["shape"]))
+
+
+def _broadcast_in_dim(eqn, args):
+    return bind(eqn, *args, shape=padded_shape(eqn.params["shape"]))
+
+
+def _squeeze(eqn, args):
+    return bind(eqn, *args)
+
+
+def _reshape(eqn, args):
+    return [args[0].reshape(padded_shape(_shape(eqn.outvars[0])))]
+
+
+def _reshape_problem(eqn) -> str | None:
+    before, after = _shape(eqn.invars[0]), _shape(eqn.outvars[0])
+    if [d for d in before if d != 1] == [d for d in after if d != 1]:
+        return None  # only axes of size 1 added or removed
+    if padded_shape(before) == before and padded_shape(after) == after:
+        return None
+    return f"a reshape from {before} to {after} (axes not powers of two)"
+
+
+def _transpose(eqn, args):
+    return bind(eqn, *args)
+
+
+_IDENTITIES: dict[str, Callable[[Any], Any]] = {
+    "reduce_sum": lambda dtype: 0,
+    "reduce_max": lambda dtype: (
+        -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+    ),
+    "reduce_min": lambda dtype: (
+        jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+    ),
+    "argmax": lambda dtype: (
+        -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+    ),
+    "argmin": lambda dtype: (
+        jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+    ),
+}
+
+
+def _reduce(eqn, args):
+    (x,) = args
+    fill = _IDENTITIES[eqn.primitive.name](jnp.result_type(x))
+    x = masked(x, _shape(eqn.invars[0]), eqn.params["axes"], fill)
+    if jnp.result_type(x) in _LOW and eqn.primitive.name == "reduce_sum":
+        return [bind(eqn, x.astype(jnp.float32))[0].astype(jnp.result_type(x))]
+    return bind(eqn, x)
+
+
+def _dot_general(eqn, args):
+    """``dot_general`` as a broadcast product summed over the (masked) contracting axes."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = args
+    lshape, rshape = _shape(eqn.invars[0]), _shape(eqn.invars[1])
+    out_dtype = eqn.outvars[0].aval.dtype
+    acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
+    lhs = masked(lhs.astype(acc), lshape, lc, 0)
+    rhs = masked(rhs.astype(acc), rshape, rc, 0)
+    lf = [d for d in range(len(lshape)) if d not in lc and d not in lb]
+    rf = [d for d in range(len(rshape)) if d not in rc and d not in rb]
+    lhs = _permute(lhs, [*lb, *lf, *lc])
+    rhs = _permute(rhs, [*rb, *rf, *rc])
+    nb, nl, nr, nc = len(lb), len(lf), len(rf), len(lc)
+    # (B, LF, 1.., C) * (B, 1.., RF, C) -> (B, LF, RF, C), summed over C
+    lhs = lax.expand_dims(lhs, tuple(range(nb + nl, nb + nl + nr)))
+    rhs = lax.expand_dims(rhs, tuple(range(nb, nb + nl)))
+    product = lhs * rhs
+    out = product.sum(axis=tuple(range(nb + nl + nr, nb + nl + nr + nc))) if nc else product
+    return [out.astype(out_dtype)]
+
+
+def _permute(x, order):
+    return x if list(order) == list(range(x.ndim)) else lax.transpose(x, tuple(order))
+
+
+def _moved(x, shape: Sequence[int], axis: int, source: Callable, size: int):
+    """Output lanes ``j < size`` along ``axis`` taken from input lane ``source(j)`` (an
+    affine map of ``j``), zero elsewhere: an iota comparison and a sum (exact: one term)."""
+    padded_in, padded_out = padded_shape(shape)[axis], pow2(size)
+    dtype = jnp.result_type(x)
+    x = masked(x, shape, [axis], 0)
+    x = jnp.moveaxis(x, axis, -1) if axis != x.ndim - 1 else x
+    k = lax.broadcasted_iota(jnp.int32, (padded_in, padded_out), 0)
+    j = lax.broadcasted_iota(jnp.int32, (padded_in, padded_out), 1)
+    pick = (k == source(j)) & (j < size)
+    picked = lax.select(
+        jnp.broadcast_to(pick, (*x.shape[:-1], padded_in, padded_out)),
+        jnp.broadcast_to(x[..., :, None], (*x.shape[:-1], padded_in, padded_out)),
+        jnp.zeros((*x.shape[:-1], padded_in, padded_out), dtype),
+    )
+    out = picked.sum(axis=-2, dtype=dtype) if dtype != jnp.bool_ else picked.any(axis=-2)
+    return jnp.moveaxis(out, -1, axis) if axis != out.ndim - 1 else out
+
+
+def _changed_axes(before, after) -> list[int]:
+    return [d for d, (a, b) in enumerate(zip(before, after)) if a != b]
+
+
+def _slice(eqn, args):
+    (x,) = args
+    shape = _shape(eqn.invars[0])
+    out = _shape(eqn.outvars[0])
+    starts = eqn.params["start_indices"]
+    strides = eqn.params["strides"] or (1,) * len(shape)
+    for axis in range(len(shape)):
+        if starts[axis] == 0 and strides[axis] == 1 and out[axis] == shape[axis]:
+            continue
+        s, st = starts[axis], strides[axis]
+        x = _moved(x, shape, axis, lambda j, s=s, st=st: s + st * j, out[axis])
+        shape = (*shape[:axis], out[axis], *shape[axis + 1 :])
+    return [x]
+
+
+def _split(eqn, args):
+    (x,) = args
+    shape, axis = _shape(eqn.invars[0]), eqn.params["axis"]
+    outs, start = [], 0
+    for size in eqn.params["sizes"]:
+        outs.append(_moved(x, shape, axis, lambda j, s=start: s + j, size))
+        start += size
+    return outs
+
+
+def _rev(eqn, args):
+    (x,) = args
+    shape = _shape(eqn.invars[0])
+    for axis in eqn.params["dimensions"]:
+        n = shape[axis]
+        x = _moved(x, shape, axis, lambda j, n=n: n - 1 - j, n)
+    return [x]
+
+
+def _concatenate(eqn, args):
+    axis = eqn.params["dimension"]
+    size = _shape(eqn.outvars[0])[axis]
+    out, start = None, 0
+    for x, v in zip(args, eqn.invars):
+        shape = _shape(v)
+        part = _moved(x, shape, axis, lambda j, s=start: j - s, size)
+        if out is None:
+            out = part
+        else:
+            lane = lax.broadcasted_iota(jnp.int32, part.shape, axis)
+            out = lax.select((lane >= start) & (lane < start + shape[axis]), part, out)
+        start += shape[axis]
+    return [out]
+
+
+def _pad(eqn, args):
+    x, value = args
+    shape = _shape(eqn.invars[0])
+    out_shape = _shape(eqn.outvars[0])
+    for axis, (lo, _, _) in enumerate(eqn.params["padding_config"]):
+        if out_shape[axis] == shape[axis] and lo == 0:
+            continue
+        n = shape[axis]
+        x = _moved(x, shape, axis, lambda j, lo=lo: j - lo, out_shape[axis])
+        lane = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+        x = lax.select((lane >= lo) & (lane < lo + n), x, lax.full_like(x, value))
+        shape = (*shape[:axis], out_shape[axis], *shape[axis + 1 :])
+    return [x]
+
+
+def _pad_problem(eqn) -> str | None:
+    if any(interior for _, _, interior in eqn.params["padding_config"]):
+        return "a pad with interior padding"
+    return None
+
+
+RULES: dict[str, Callable] = {
+    **dict.fromkeys(ELEMENTWISE, _elementwise),
+    "iota": _iota,
+    "broadcast_in_dim": _broadcast_in_dim,
+    "squeeze": _squeeze,
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "reduce_sum": _reduce,
+    "reduce_max": _reduce,
+    "reduce_min": _reduce,
+    "argmax": _reduce,
+    "argmin": _reduce,
+    "dot_general": _dot_general,
+    "slice": _slice,
+    "split": _split,
+    "rev": _rev,
+    "concatenate": _concatenate,
+    "pad": _pad,
+}
+_PROBLEMS: dict[str, Callable] = {"reshape": _reshape_problem, "pad": _pad_problem}
+# what the rules emit besides the primitive itself
+_REWRITTEN = frozenset(RULES) - ELEMENTWISE - {"iota", "broadcast_in_dim", "transpose"}
+_REWRITTEN |= {"squeeze", "reshape", "reduce_sum", "reduce_max", "reduce_min"}
+
+
+def unsupported(eqn) -> str | None:
+    """Why the kernel cannot run ``eqn`` (``None``: it can)."""
+    name = eqn.primitive.name
+    if eqn.effects:
+        return f"the primitive {name!r} has effects"
+    if name not in RULES:
+        return f"the primitive {name!r} has no padded rule"
+    for v in [*eqn.invars, *eqn.outvars]:
+        dtype = np.dtype(v.aval.dtype)
+        if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
+            return f"the primitive {name!r} works on {dtype.name}"
+    if name not in _REWRITTEN and not lowering.has_rule(name):
+        return f"the GPU lowering has no rule for the primitive {name!r}"
+    problem = _PROBLEMS.get(name)
+    return problem(eqn) if problem else None
+
+
+def largest_tile(eqn) -> int:
+    """Entries of the largest padded array ``eqn``'s rule forms (a contraction's product)."""
+    sizes = [math.prod(padded_shape(_shape(v))) for v in [*eqn.invars, *eqn.outvars]]
+    if eqn.primitive.name == "dot_general":
+        (lc, _), _ = eqn.params["dimension_numbers"]
+        contracted = math.prod(padded_shape(_shape(eqn.invars[0]))[d] for d in lc)
+        sizes.append(math.prod(padded_shape(_shape(eqn.outvars[0]))) * contracted)
+    elif eqn.primitive.name in ("slice", "split", "rev", "concatenate", "pad"):
+        sizes.append(max(sizes) ** 2)  # a bound on the selection's (in, out) lanes
+    return max(sizes)
+
+
+def run_padded(eqns: Sequence[Any], env: dict) -> dict:
+    """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values)."""
+
+    def read(v):
+        return v.val if isinstance(v, Literal) else env[v]
+
+    for eqn in eqns:
+        outs = RULES[eqn.primitive.name](eqn, [read(v) for v in eqn.invars])
+        env.update(zip(eqn.outvars, outs))
+    return env

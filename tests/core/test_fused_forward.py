@@ -1,0 +1,308 @@
+"""The fused forward (``forward="fused"``): one Pallas kernel for a scan's recurrence.
+
+On this CPU the kernel runs in Pallas' interpreter: its values are compared with ``lax.scan``'s
+(float32 rounding: the kernel sums products in another order), its gradients through the
+library's derivative rules with ``jax.grad`` through ``lax.scan``, and its lowering for CUDA
+under an abstract H200 is checked to hold the Triton kernel and no while loop of its own.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import bppsa
+from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.scan._core import tracing
+from bppsa.scan._core.fused import forward as fused_forward
+from bppsa.scan._core.fused import lowering, padded
+from bppsa.scan._core.fused.forward import Fused
+from bppsa.scan._core.fused.jaxprs import flat_jaxpr
+from bppsa.scan._core.problem import prepare
+from tests.helpers import relative_errors
+
+# float32: the kernel's matrix-vector products sum in another order than XLA's dot, so values
+# differ by rounding (measured <= 2e-7 at T = 9); 1e-5 (the suite's float32 tolerance) leaves a
+# margin for a few steps of amplification while a leaked padded lane (errors ~1e-1) fails.
+# bfloat16: 2 ulps (2^-7) of a value of size 1.
+RTOL = {jnp.dtype("float32"): 1e-5, jnp.dtype("bfloat16"): 2.0**-6}
+T, I = 7, 3
+
+
+def assert_close(actual, expected, dtype=jnp.float32):
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, b in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)):
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+    errors = relative_errors(
+        jax.tree.map(lambda a: a.astype(jnp.float32), actual),
+        jax.tree.map(lambda a: a.astype(jnp.float32), expected),
+    )
+    assert max(errors, default=0.0) <= RTOL[jnp.dtype(dtype)], errors
+
+
+def xs_of(length=T, inputs=I, seed=1, dtype=jnp.float32):
+    return jax.random.normal(jax.random.key(seed), (length, inputs), dtype)
+
+
+def params_of(cell, hidden, dtype=jnp.float32):
+    return cell.init(I, hidden, key=jax.random.key(0), dtype=dtype)
+
+
+def weight(hidden, out=None, seed=2):
+    out = hidden if out is None else out
+    return jax.random.normal(jax.random.key(seed), (out, hidden)) / np.sqrt(hidden)
+
+
+# ---- the cells: (name, body factory, init) ---------------------------------------------------
+
+
+def library(cell_type, fn):
+    def make(hidden):
+        params = params_of(cell_type, hidden)
+        return (
+            lambda h, x: (fn(params, h, x), cell_type.output(h)),
+            cell_type.initial_state(hidden),
+        )
+
+    return make
+
+
+def layer_norm(hidden):  # a layer norm over the carry
+    w, u = weight(hidden), weight(I, hidden)
+
+    def body(h, x):
+        z = w @ h + u @ x
+        z = (z - z.mean()) / jnp.sqrt(z.var() + 1e-5)
+        return jnp.tanh(z), h.sum()
+
+    return body, jnp.full(hidden, 0.1)
+
+
+def split_gates(hidden):  # gates split from one product, by jnp.split and by slices
+    w, u = weight(hidden, 3 * hidden), weight(I, 3 * hidden)
+
+    def body(h, x):
+        g = w @ h + u @ x
+        r, z = jnp.split(g[: 2 * hidden], 2)
+        n = jnp.tanh(g[2 * hidden :] * jax.nn.sigmoid(r))
+        return (1 - jax.nn.sigmoid(z)) * n + jax.nn.sigmoid(z) * h, n[::-1]
+
+    return body, jnp.zeros(hidden)
+
+
+def pytree_carry(hidden):  # a dict carry with an integer counter, a concatenation and a max
+    w = weight(2 * hidden, hidden)
+
+    def body(c, x):
+        both = jnp.concatenate([c["h"], c["m"]])
+        h = jnp.tanh(w @ both + x.sum())
+        m = jnp.maximum(c["m"], h) - 0.1 * jnp.max(h)
+        return {"h": h, "m": m, "n": c["n"] + 1}, (h, c["n"])
+
+    return body, {"h": jnp.zeros(hidden), "m": jnp.zeros(hidden), "n": jnp.int32(0)}
+
+
+def moves(hidden):  # moves of the carry inside the loop: a reversal, a roll, a pad, a slice
+    w = weight(hidden)
+
+    def body(h, x):
+        moved = 0.5 * h[::-1] + 0.25 * jnp.roll(h, 1) + 0.125 * jnp.pad(h[1:], (0, 1))
+        return jnp.tanh(w @ h + moved + x.sum()), h[:3]
+
+    return body, jnp.linspace(-1.0, 1.0, hidden)
+
+
+CELLS = {
+    "rnn": library(RNN(), rnn_cell),
+    "gru": library(GRU(), gru_cell),
+    "lstm": library(LSTM(), lstm_cell),
+    "layer_norm": layer_norm,
+    "split_gates": split_gates,
+    "pytree": pytree_carry,
+    "moves": moves,
+}
+
+
+def fused_plan(body, init, xs):
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    return Fused()._plan(problem), Fused().why_not(problem)
+
+
+# ---- values ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cell", "hidden"),
+    [
+        ("rnn", 20),
+        ("gru", 20),
+        ("lstm", 20),
+        ("layer_norm", 20),
+        ("layer_norm", 24),
+        ("split_gates", 100),
+        ("pytree", 5),
+        ("moves", 20),
+    ],
+)
+def test_interpreted_kernel_equals_lax_scan(cell, hidden):
+    body, init = CELLS[cell](hidden)
+    xs = xs_of()
+    assert fused_plan(body, init, xs)[1] is None  # the kernel runs it
+    assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+
+
+def test_reverse_and_vmap():
+    body, init = CELLS["lstm"](20)
+    xs = xs_of()
+    actual = bppsa.scan(body, init, xs, reverse=True, forward=Fused())
+    assert_close(actual, lax.scan(body, init, xs, reverse=True))
+
+    inits = jax.tree.map(lambda a: jnp.stack([a, a + 0.5, -a]), init)
+    batch = jnp.stack([xs, 2 * xs, -xs])
+    fused = jax.vmap(lambda c, x: bppsa.scan(body, c, x, forward="fused"))(inits, batch)
+    assert_close(fused, jax.vmap(lambda c, x: lax.scan(body, c, x))(inits, batch))
+
+
+def test_bfloat16():
+    params = params_of(GRU(), 20, jnp.bfloat16)
+    body = lambda h, x: (gru_cell(params, h, x), h)
+    init, xs = jnp.zeros(20, jnp.bfloat16), xs_of(dtype=jnp.bfloat16)
+    assert fused_plan(body, init, xs)[1] is None
+    actual = bppsa.scan(body, init, xs, forward="fused")
+    assert_close(actual, lax.scan(body, init, xs), jnp.bfloat16)
+
+
+def test_the_loop_keeps_only_the_recurrence():
+    """The RNN at H = 20: the kernel runs 4 operations a step (``W_hh h``, ``+ b_hh``,
+    ``+ (W_ih x_t + b_ih)``, ``tanh``); the input projection and its bias are formed for all
+    steps before the loop."""
+    body, init = CELLS["rnn"](20)
+    xs = xs_of()
+    plan, _ = fused_plan(body, init, xs)
+    names = [eqn.primitive.name for eqn in plan.split.recurrence]
+    assert names == ["dot_general", "add", "add", "tanh"]
+    assert [v.aval.shape for v in plan.split.step_residuals] == [(20,)]
+    whole = flat_jaxpr(lambda h, x: body(h, x)[0], init, xs[0])
+    assert len(whole.jaxpr.eqns) == 8  # and two transposes, one x product, one bias: once
+
+    body, init = CELLS["layer_norm"](20)  # a product used whole, three times: formed once
+    plan, _ = fused_plan(body, init, xs)
+    assert [e.primitive.name for e in plan.split.recurrence].count("dot_general") == 1
+
+
+def test_gate_slices_become_products_with_sliced_weights():
+    """The GRU at H = 20: no move (slice, split) is left in the loop; its three gate
+    products are (20, 20) each, not one (60, 20) product and three selections."""
+    body, init = CELLS["gru"](20)
+    plan, _ = fused_plan(body, init, xs_of())
+    names = [eqn.primitive.name for eqn in plan.split.recurrence]
+    assert not {"slice", "split"} & set(names)
+    dots = [e for e in plan.split.recurrence if e.primitive.name == "dot_general"]
+    assert [e.outvars[0].aval.shape for e in dots] == [(20,)] * 3
+
+
+# ---- fallbacks -------------------------------------------------------------------------------
+
+
+def test_a_primitive_the_kernel_cannot_run_falls_back_with_a_reason():
+    w = weight(6)
+    body = lambda h, x: (jnp.tanh(jnp.cumsum(w @ h) + x.sum()), h)
+    init, xs = jnp.zeros(6), xs_of()
+    _, reason = fused_plan(body, init, xs)
+    assert isinstance(reason, str) and "cumsum" in reason, reason
+    assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+
+
+def test_float64_falls_back(x64):
+    params = params_of(RNN(), 4, jnp.float64)
+    body = lambda h, x: (rnn_cell(params, h, x), h)
+    init, xs = jnp.zeros(4, jnp.float64), xs_of(dtype=jnp.float64)
+    assert "float64" in fused_plan(body, init, xs)[1]
+    actual = bppsa.scan(body, init, xs, forward="fused")
+    expected = lax.scan(body, init, xs)
+    assert max(relative_errors(actual, expected)) <= 1e-12
+
+
+def test_a_planted_mask_leak_fails(monkeypatch):
+    """With the masks all ones, the padded lanes (24 of 32) enter the layer norm's mean and
+    variance: the equality with lax.scan must then fail."""
+    body, init = CELLS["layer_norm"](24)
+    xs = xs_of()
+    monkeypatch.setattr(padded, "valid_lanes", lambda shape, axes: None)
+    with pytest.raises(AssertionError):
+        assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+
+
+def test_the_lowering_table_is_read():
+    assert lowering._NAMES is not None and lowering.has_rule("tanh")
+    assert not lowering.has_rule("cumsum_of_nothing")
+    assert "fused" not in tracing.problems()
+
+
+# ---- gradients -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cell_type", "cell"), [(RNN(), rnn_cell), (LSTM(), lstm_cell)])
+def test_gradients_through_the_library_rules(cell_type, cell, monkeypatch):
+    launches = []
+    run = fused_forward.carries_after
+    monkeypatch.setattr(
+        fused_forward, "carries_after", lambda *a, **k: launches.append(1) or run(*a, **k)
+    )
+    params, init, xs = params_of(cell_type, 20), cell_type.initial_state(20), xs_of()
+
+    def loss(scan, params, xs):
+        carry, ys = scan(lambda h, x: (cell(params, h, x), cell_type.output(h)), init, xs)
+        return sum(jnp.sum(jnp.sin(a)) for a in jax.tree.leaves((carry, ys)))
+
+    actual = bppsa.grad(lambda p, x: loss(bppsa.scan, p, x), argnums=(0, 1), forward="fused")(
+        params, xs
+    )
+    assert launches  # the kernel ran (no fallback)
+    expected = jax.grad(lambda p, x: loss(lax.scan, p, x), argnums=(0, 1))(params, xs)
+    assert max(relative_errors(actual, expected)) <= 1e-5
+
+
+# ---- the CUDA lowering -----------------------------------------------------------------------
+
+
+def cuda_text(fun, *args) -> str:
+    from jax._src.mesh import AbstractDevice, AbstractMesh
+
+    mesh = AbstractMesh(
+        (1,),
+        ("x",),
+        axis_types=(jax.sharding.AxisType.Explicit,),
+        abstract_device=AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu"),
+    )
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fun).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    ("cell", "hidden"),
+    [
+        ("rnn", 20),
+        ("gru", 20),
+        ("lstm", 20),
+        ("layer_norm", 24),
+        ("split_gates", 20),
+        ("pytree", 5),
+        ("moves", 20),
+    ],
+)
+def test_the_cuda_lowering_holds_the_kernel_and_no_while(cell, hidden):
+    body, init = CELLS[cell](hidden)
+    xs = xs_of()
+
+    def fused(c, x):
+        return bppsa.scan(body, c, x, reverse=True, forward="fused")
+
+    inits = jax.tree.map(lambda a: jnp.stack([a, a]), init)
+    for text in (
+        cuda_text(fused, init, xs),
+        cuda_text(jax.vmap(fused), inits, jnp.stack([xs] * 2)),
+    ):
+        assert "xla.gpu.triton" in text
+        assert "stablehlo.while" not in text
