@@ -64,7 +64,8 @@ from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES
 from bppsa.scan._core.methods.base import Method
-from bppsa.scan._profile import Profile, get_profile
+from bppsa.scan._core.profiles import get_profile
+from bppsa.scan._profile import Profile
 from paper_figures.result_files import PULLBACK, read_json, read_rows, write_json
 
 METHODS = {repr(m): m for m in ACCELERATOR_CHOICES}  # what Auto() ranks on accelerators

@@ -36,7 +36,8 @@ from typing import Protocol
 import numpy as np
 
 from bppsa.scan._core.cost import Cost
-from bppsa.scan._profile import Profile, Rates, get_profile
+from bppsa.scan._core.profiles import get_profile
+from bppsa.scan._profile import Profile, Rates
 
 # An assumption: a transcendental is evaluated as a short polynomial, a few FMAs on every device
 # (XLA's own cost analysis counts them apart from flops).

@@ -56,6 +56,8 @@ class Rates:
         flops: float32 operations per second.
         bandwidth: bytes per second of device memory.
         step_latency: seconds per dependent kernel.
+        fused_step_latency: seconds per step of the fused forward's loop, all steps in one
+            kernel (``bppsa.Fused()``); ``None``: the kernel does not run on this backend.
 
     Raises:
         ValueError: a rate that is not a positive number (naming it).
@@ -64,10 +66,13 @@ class Rates:
     flops: float
     bandwidth: float
     step_latency: float
+    fused_step_latency: float | None = None
 
     def __post_init__(self):
         for field in ("flops", "bandwidth", "step_latency"):
             _check_number("Rates", field, getattr(self, field))
+        if self.fused_step_latency is not None:
+            _check_number("Rates", "fused_step_latency", self.fused_step_latency)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +290,9 @@ GPU = Profile(
         # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the
         # picks at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
         step_latency=7.94e-6,
+        # ASSUMED, not measured: the fused kernel's target (about 1 us a step); benchmarks/gpu.sh
+        # measures it (fused_gpu.json) for benchmarks.tools.fit_profile to replace
+        fused_step_latency=1e-6,
     ),
 )
 

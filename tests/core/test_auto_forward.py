@@ -18,27 +18,35 @@ from bppsa.scan._core.forward import SequentialForward
 from bppsa.scan._profile import GPU
 from tests.helpers import assert_trees_close
 
-ON_GPU = bppsa.Auto(profile=GPU)  # the accelerator profile, on this CPU
+# The accelerator profile without its fused kernel, on this CPU: lax.scan or a bounded Newton.
+NO_FUSED = dataclasses.replace(GPU, rates=dataclasses.replace(GPU.rates, fused_step_latency=None))
+ON_GPU = bppsa.Auto(profile=NO_FUSED)
 BLELLOCH = bppsa.Blelloch()
 
 
 def test_auto_forward_decisions_are_pinned():
     auto = bppsa.AutoForward()
     assert auto.choose(10_000, 20, "cpu", batch=16) == SequentialForward()  # measured: slower
-    # The paper's small cells over long sequences: Newton, bounded by the policy's budget.
+    # With the fused kernel (the H200 profile): the best sequential forward, which no Newton
+    # budget keeps within 1.25x (its fallback is lax.scan).
+    for length in (1000, 10_000, 30_000):
+        assert auto.choose(length, 20, "gpu", batch=16) == bppsa.Fused(), length
+        fp = footprint_of(length, 20, 16)
+        assert budget(fp, GPU, BLELLOCH, True, cost.fused_forward(fp, GPU)) == 0
+
+    # Without it: Newton bounded by the budget on the paper's small cells over long sequences.
+    def no_fused(length, size=20):
+        fp = footprint_of(length, size, 16)
+        return auto.forward_for(fp, BLELLOCH, BLELLOCH, NO_FUSED)[0]
+
     for length in (10_000, 30_000):
-        chosen = auto.choose(length, 20, "gpu", batch=16)
-        k = budget(footprint_of(length, 20, 16), GPU, BLELLOCH, shared=True)
-        assert chosen == bppsa.Newton(max_iterations=k, solver=BLELLOCH), length
-    assert [auto.choose(t, 20, "gpu", batch=16).max_iterations for t in (10_000, 30_000)] == [
-        16,
-        25,
-    ]
+        k = budget(footprint_of(length, 20, 16), NO_FUSED, BLELLOCH, shared=True)
+        assert no_fused(length) == bppsa.Newton(max_iterations=k, solver=BLELLOCH), length
+    assert [no_fused(t).max_iterations for t in (10_000, 30_000)] == [16, 25]
     # Shorter sequences (at T = 1000 four iterations cost more than a quarter of lax.scan),
     # or large cells whose dense Jacobian products cost n-fold: lax.scan.
-    assert auto.choose(1000, 20, "gpu", batch=16) == SequentialForward()
-    assert auto.choose(100, 20, "gpu", batch=16) == SequentialForward()
-    assert auto.choose(10_000, 1024, "gpu", batch=16) == SequentialForward()
+    assert no_fused(1000) == SequentialForward() and no_fused(100) == SequentialForward()
+    assert no_fused(10_000, 1024) == SequentialForward()
 
 
 @pytest.mark.parametrize("length,size", [(10_000, 20), (30_000, 20), (4096, 1024)])
@@ -48,7 +56,7 @@ def test_the_bound_keeps_a_run_that_never_converges_within_1_25x(length, size):
     element, width = (size, 1) if size == 1024 else (None, None)  # the diagonal GRU's maps
     auto = bppsa.AutoForward()
     fp = footprint_of(length, size, 8, element, width)
-    k = budget(fp, GPU, BLELLOCH, shared=True)
+    k = budget(fp, GPU, BLELLOCH, shared=True)  # against lax.scan
     assert MIN_ITERATIONS <= k <= break_even(fp, GPU, BLELLOCH, shared=True)
     options = dict(batch=8, element=element, width=width)
     at, above = (auto.predictions(length, size, "gpu", **options, iterations=i) for i in (k, k + 1))
@@ -190,3 +198,41 @@ def test_newtons_solver_is_held_to_the_memory_limit():
     assert limited.forward_because.startswith("predicted")
     nothing = plan(1)
     assert nothing.forward == SequentialForward() and "memory limit" in nothing.forward_because
+
+
+def test_with_a_fused_kernel_the_default_forward_is_the_kernel_where_it_runs():
+    """On the H200's profile the default forward is the fused kernel (here interpreted), with
+    BP's gradients; a cell the kernel cannot run gets the bounded Newton or lax.scan, and the
+    plan says why."""
+    w = 0.4 * jnp.eye(3) + 0.1
+    xs = jax.random.normal(jax.random.key(0), (2000, 3))
+    loss = functools.partial(rnn_loss, bppsa.scan)
+    with bppsa.trace_plans() as plans:
+        grads = jax.jit(bppsa.grad(loss, method=bppsa.Auto(profile=GPU)))(w, xs)
+    assert plans[0].forward == bppsa.Fused(), plans[0]
+    assert plans[0].forward_because.startswith("predicted: the fused kernel")
+    assert_trees_close(
+        grads, jax.grad(functools.partial(rnn_loss, jax.lax.scan))(w, xs), jnp.float32
+    )
+
+    def cumulative(scan, w, xs):  # a cumsum over the carry: no padded rule in the kernel
+        body = lambda h, x: (jnp.tanh(w @ jnp.cumsum(h) + x), h)
+        carry, ys = scan(body, jnp.zeros(3), xs)
+        return jnp.sum(carry**2) + jnp.sum(jnp.sin(ys))
+
+    with bppsa.trace_plans() as plans:
+        bppsa.grad(functools.partial(cumulative, bppsa.scan), method=bppsa.Auto(profile=GPU))(w, xs)
+    assert isinstance(plans[0].forward, bppsa.Newton), plans[0]
+    assert "fused kernel: the primitive 'cumsum'" in plans[0].forward_because
+
+
+def test_an_explicit_fused_forward_that_cannot_run_is_lax_scan_with_its_reason():
+    xs = jnp.ones((7, 3), jnp.float32)
+    body = lambda h, x: (jnp.tanh(jnp.cumsum(h) + x), h)
+    with bppsa.trace_plans() as plans:
+        out = bppsa.scan(body, jnp.zeros(3), xs, forward="fused", method="sequential")
+    assert plans[0].forward == SequentialForward()
+    assert plans[0].forward_because.startswith("the fused kernel: the primitive 'cumsum'")
+    assert plans[0].method == bppsa.Sequential()  # plain lax.scan: no Jacobians
+    ref = jax.lax.scan(body, jnp.zeros(3), xs)
+    assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))

@@ -11,13 +11,16 @@ earlier runs: the same scan gets the same forward in every trace), and
    ``lax.scan``) or where the method brings its own forward (``Sharded(forward="pipelined")``);
 2. ``lax.scan`` on a profile with measured rules (CPUs: the Newton forward was measured 51-76x
    slower there, ``benchmarks/results/newton_cpu_timing.jsonl``);
-3. elsewhere the cost model (:mod:`bppsa.scan._core.cost`, the profile's rates) bounds the
-   iterations (:func:`budget`): a run that does not converge within the bound finishes
-   sequentially (certified: the step is not lost), and with the iterations it tried it costs
-   at most ``1 + OVERRUN`` times ``lax.scan``'s forward; a run that converges within it costs
-   less than ``lax.scan`` (the bound is below the break-even count, :func:`break_even`). A
-   bound under :data:`MIN_ITERATIONS` (the fewest iterations measured scans converge in):
-   ``lax.scan``;
+3. elsewhere the best sequential forward is the fused kernel (``bppsa.Fused()``, where the
+   profile has one and the kernel runs the cell: :meth:`~bppsa.Fused.why_not`), else
+   ``lax.scan``; the cost model (:mod:`bppsa.scan._core.cost`, the profile's rates) bounds
+   Newton's iterations (:func:`budget`): a run that does not converge within the bound
+   finishes with ``lax.scan`` (certified: the step is not lost), and with the iterations it
+   tried it costs at most ``1 + OVERRUN`` times the best sequential forward; a run that
+   converges within it costs less than ``lax.scan`` (the bound is below the break-even count,
+   :func:`break_even`). A bound under :data:`MIN_ITERATIONS` (the fewest iterations measured
+   scans converge in): the best sequential forward. Where the fused kernel runs, no bound
+   keeps Newton within 1.25x of it as long as its fallback is ``lax.scan``;
 4. otherwise ``Newton(max_iterations=bound)``.
 
 What adapts to a cell's convergence is the caller's: ``Newton(callback=...)`` reports every
@@ -33,6 +36,7 @@ from typing import ClassVar
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods import Auto, Method
 from bppsa.scan._core.newton import Newton
@@ -69,28 +73,37 @@ def break_even(fp: Footprint, profile: Profile, solver: Method, shared: bool = F
     return max(math.floor((sequential - final) / iteration), 0)
 
 
-def budget(fp: Footprint, profile: Profile, solver: Method, shared: bool = False) -> int:
+def budget(
+    fp: Footprint,
+    profile: Profile,
+    solver: Method,
+    shared: bool = False,
+    best: float | None = None,
+) -> int:
     """The iteration bound of the forward's policy: the most iterations whose predicted cost,
-    with the final evaluation, stays within ``OVERRUN`` times ``lax.scan``'s forward (so that a
-    run that stops there and finishes sequentially costs at most ``1 + OVERRUN`` times
+    with the final evaluation and a ``lax.scan`` of all steps after them (a run that stops
+    there and finishes sequentially), stays within ``1 + OVERRUN`` times the best sequential
+    forward's (``best`` seconds; ``None``: ``lax.scan``'s, then within ``OVERRUN`` times
     ``lax.scan``), and never above :func:`break_even`."""
     sequential, final, iteration = _seconds(fp, profile, solver, shared)
     if iteration <= 0:
         return 0
-    bound = math.floor((OVERRUN * sequential - final) / iteration)
+    best = sequential if best is None else best
+    bound = math.floor(((1 + OVERRUN) * best - sequential - final) / iteration)
     return max(min(bound, break_even(fp, profile, solver, shared)), 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class AutoForward:
-    """The forward's policy: ``lax.scan``, or the certified Newton forward bounded so that a
-    run that never converges costs at most ``1 + OVERRUN`` (1.25) times ``lax.scan``, where the
-    cost model says it can pay (see :mod:`bppsa.scan._core.auto_forward`); the default forward
-    of every scan. Stateless: the same scan gets the same forward in every trace.
+    """The forward's policy: the best sequential forward (the fused kernel where it runs,
+    else ``lax.scan``), or the certified Newton forward bounded so that a run that never
+    converges costs at most ``1 + OVERRUN`` (1.25) times the best sequential forward, where
+    the cost model says it can pay (see :mod:`bppsa.scan._core.auto_forward`); the default
+    forward of every scan. Stateless: the same scan gets the same forward in every trace.
 
     Example:
         >>> bppsa.AutoForward().choose(10_000, 20, "gpu", batch=16)
-        Newton(max_iterations=16, tol=None, quasi=False, solver=Blelloch(), share_jacobians=True)
+        Fused()
         >>> bppsa.AutoForward().choose(10_000, 20, "cpu", batch=16)
         'sequential'
     """
@@ -98,11 +111,17 @@ class AutoForward:
     name: ClassVar[str] = "auto"
 
     def forward_for(
-        self, fp: Footprint, method: Method, solver: Method | None, profile: Profile
+        self,
+        fp: Footprint,
+        method: Method,
+        solver: Method | None,
+        profile: Profile,
+        fused: str | None = "no scan to check",
     ) -> tuple[Forward, str]:
         """The forward of a scan of footprint ``fp`` whose backward runs ``method``, with
         ``solver`` for Newton's recurrences (``None``: none fits the scan's memory limit), on
-        ``profile``, and why (see the module docstring)."""
+        ``profile``, and why (see the module docstring); ``fused``: why the fused kernel
+        cannot run the scan (``None``: it can; :meth:`bppsa.Fused.why_not`)."""
         if not method.uses_jacobians:
             why = "the backward is plain back-propagation, which differentiates lax.scan"
             return SEQUENTIAL, why
@@ -110,19 +129,27 @@ class AutoForward:
             return SEQUENTIAL, f"{method!r} runs its own forward"
         if profile.measured_rules:
             return SEQUENTIAL, "measured: the Newton forward is slower than lax.scan on CPUs"
+        fused_seconds = cost.fused_forward(fp, profile)
+        if fused_seconds is None:
+            fused = "the profile has no fused kernel"
+        best, best_seconds, name = SEQUENTIAL, None, "lax.scan"
+        if fused is None and fused_seconds < cost.sequential_forward(fp).seconds(profile):
+            best, best_seconds, name = Fused(), fused_seconds, "the fused kernel"
+        elif fused is not None:
+            name = f"lax.scan (fused kernel: {fused})"
         if solver is None:
-            return SEQUENTIAL, "no solver of the Newton iterations fits the memory limit"
+            return best, f"{name}: no solver of the Newton iterations fits the memory limit"
         shared = method.supports.forward_jacobians
-        bound = budget(fp, profile, solver, shared)
+        bound = budget(fp, profile, solver, shared, best_seconds)
         if bound < MIN_ITERATIONS:
-            return SEQUENTIAL, (
-                f"predicted: {MIN_ITERATIONS} Newton iterations cost more than "
-                f"{OVERRUN:.0%} of lax.scan's {fp.length} steps"
+            return best, (
+                f"predicted: {name}; {MIN_ITERATIONS} Newton iterations and a lax.scan after "
+                f"them cost more than {1 + OVERRUN:g}x it over {fp.length} steps"
             )
         why = (
             f"predicted: Newton pays up to {break_even(fp, profile, solver, shared)} iterations; "
             f"bounded at {bound}, so that a run that does not converge (then finished "
-            f"sequentially, certified) costs at most {1 + OVERRUN:g}x lax.scan"
+            f"sequentially, certified) costs at most {1 + OVERRUN:g}x {name}"
         )
         return Newton(max_iterations=bound, solver=solver), why
 
@@ -138,11 +165,12 @@ class AutoForward:
     ) -> Forward:
         """The forward for ``length`` steps of a carry of ``size`` floats, ``batch`` examples
         (``element``, ``width``: the Jacobians' structure, as for :meth:`bppsa.Auto.choose`)
-        with ``bppsa.Auto()``'s Jacobian backward, on ``backend``'s profile."""
+        with ``bppsa.Auto()``'s Jacobian backward, on ``backend``'s profile, for a cell the
+        fused kernel runs (where the profile has one)."""
         fp = cost.footprint_of(length, size, batch, element, width)
         profile = profile_of(backend)
         method = Auto().scan_method(fp, math.inf, profile=profile, jacobians=True)
-        return self.forward_for(fp, method, method, profile)[0]
+        return self.forward_for(fp, method, method, profile, fused=None)[0]
 
     def predictions(
         self,

@@ -139,6 +139,17 @@ def sequential_forward(fp: Footprint) -> Cost:
     )
 
 
+def fused_forward(fp: Footprint, profile: Profile) -> float | None:
+    """Predicted seconds of ``bppsa.Fused()``'s forward: ``T`` steps of the profile's
+    ``fused_step_latency`` (one kernel, the carry on chip) over ``lax.scan``'s arithmetic
+    (``None`` where the profile has no fused kernel)."""
+    latency = profile.rates.fused_step_latency
+    if latency is None:
+        return None
+    work = sequential_forward(fp)
+    return fp.length * latency + Cost(0, work.flops, work.bytes).seconds(profile)
+
+
 def newton_forward(fp: Footprint, iterations: float, solver, shared: bool = False) -> Cost:
     """``bppsa.Newton()``: every iteration evaluates all steps with their Jacobians, checks the
     residuals and solves the linear recurrence by ``solver``'s scan (a method: its cost over

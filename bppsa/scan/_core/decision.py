@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from bppsa.scan import _kernels
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
+from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
 from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
@@ -125,7 +126,10 @@ def decide(problem: Problem, options: Options) -> Decision:
     forward_because = None
     if isinstance(asked, AutoForward):
         solver = backward if backward is not None and backward.uses_jacobians else None
-        forward, forward_because = asked.forward_for(fp, method, solver, profile)
+        fused = None if profile.measured_rules else Fused().why_not(problem)
+        forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
+    elif isinstance(asked, Fused) and asked.why_not(problem) is not None:
+        forward, forward_because = SEQUENTIAL, f"the fused kernel: {asked.why_not(problem)}"
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
         # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
