@@ -49,6 +49,7 @@ GUIDES = {
     "guide": "User guide",
     "feedforward": "Feed-forward networks",
     "parallel_forward": "Parallel in time both ways",
+    "fused": "The sequential loop in one kernel",
     "width": "Width: Jacobians that stay structured",
     "multidevice": "Across devices and hosts",
     "performance": "Performance",
