@@ -15,7 +15,7 @@ T steps, and P in ``--devices`` emulated CPU devices (one subprocess per P, with
 * wall-clock medians and minima over interleaved rounds (:func:`experiments.timing.time_gradients`)
   of the three programs of each gradient (:class:`experiments.timing.GradientPrograms`): the whole
   gradient (``total_ms``, ``jax.value_and_grad``), the forward inside it (``forward_ms``, the
-  forward of ``jax.vjp``; ``pipelined``: ``Sharded(..., forward="pipelined")``, device after device)
+  forward of ``jax.vjp``; ``pipelined``: ``forward=bppsa.Pipelined(mesh)``, device after device)
   and the backward (``backward_ms``, the jitted pullback applied to saved residuals), each its own
   program, never a difference of two (``"backward": "pullback"`` on every row); on a GPU the
   backward's device kernel time too (``backward_kernel_ms``). The P emulated devices share
@@ -100,17 +100,17 @@ def worker(args) -> None:
         return jnp.sum(jax.vmap(one)(xs))
 
     methods = {
-        "all_gather": bppsa.Sharded(mesh, "t"),
-        "ppermute": bppsa.Sharded(mesh, "t", exchange="ppermute"),
-        "pipelined": bppsa.Sharded(mesh, "t", forward="pipelined"),
+        "all_gather": dict(method=bppsa.Sharded(mesh, "t")),
+        "ppermute": dict(method=bppsa.Sharded(mesh, "t", exchange="ppermute")),
+        "pipelined": dict(method=bppsa.Sharded(mesh, "t"), forward=bppsa.Pipelined(mesh, "t")),
     }
     for length in args.lengths:
         xs = (jax.random.uniform(jax.random.key(2), (args.batch, length, 1)) < 0.3).astype(
             jnp.float32
         )
         losses = {method_names.BP: batched}
-        for name, method in methods.items():
-            losses[name] = functools.partial(per_example, scan_options=dict(method=method))
+        for name, options in methods.items():
+            losses[name] = functools.partial(per_example, scan_options=options)
         programs = {
             name: timing.GradientPrograms.from_loss(loss, params, xs)
             for name, loss in losses.items()

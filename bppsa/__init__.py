@@ -6,8 +6,9 @@ subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`v
 :class:`Blocked`, :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan` and
 :class:`Sharded` (subclasses of :class:`Method`) and the policy :class:`Auto` that chooses
 among them (a :class:`Policy`), the forward passes :class:`Newton` (with :class:`NewtonInfo`),
-:class:`Fused` and :class:`AutoForward`, the memory guard's :func:`estimate_memory` and
-:class:`MemoryLimitError`, :func:`trace_plans` (what each traced scan decided), the measured
+:class:`Fused`, :class:`Pipelined` (across devices, with ``Sharded``) and the forward's policy
+:class:`AutoForward`, the memory guard's :func:`estimate_memory` and :class:`MemoryLimitError`,
+:func:`trace_plans` (what each traced scan decided), the measured
 constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules` and
 :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and :class:`AnalyticJacobianWarning`.
 """
@@ -39,6 +40,7 @@ from bppsa.scan._core.methods import (
     SequentialScan,
     Sharded,
 )
+from bppsa.scan._core.methods.sharded import Pipelined
 from bppsa.scan._core.newton import Newton, NewtonInfo
 from bppsa.scan._core.plans import ScanPlan, trace_plans
 from bppsa.scan._core.profiles import get_profile, set_profile
@@ -59,6 +61,7 @@ __all__ = [
     "Method",
     "Newton",
     "NewtonInfo",
+    "Pipelined",
     "Policy",
     "Profile",
     "Rates",

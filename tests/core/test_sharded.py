@@ -75,8 +75,11 @@ def test_bad_mesh_and_axis_are_named():
         bppsa.Sharded(one_device_mesh(), "time")
     with pytest.raises(TypeError, match=r"mesh must be a jax\.sharding\.Mesh"):
         bppsa.Sharded(jax.devices(), "t")
-    with pytest.raises(ValueError, match="forward must be one of"):
-        bppsa.Sharded(one_device_mesh(), "t", forward="parallel")
+    with pytest.raises(ValueError, match=r"Pipelined: axis_name='time' is not an axis"):
+        bppsa.Pipelined(one_device_mesh(), "time")
+    with pytest.raises(TypeError, match=r"Pipelined: mesh must be a jax\.sharding\.Mesh"):
+        bppsa.Pipelined(jax.devices(), "t")
+    assert bppsa.Pipelined().mesh.axis_names == ("t",)  # forward="pipelined": every device
     with pytest.raises(ValueError, match="exchange must be one of"):
         bppsa.Sharded(one_device_mesh(), "t", exchange="tree")
     with pytest.raises(TypeError, match="local must be a method that scans Jacobians"):

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
+from bppsa.scan._core.forward import SequentialForward
 from tests.helpers import assert_trees_close, cell_loss, cell_problem, spread
 
 
@@ -33,14 +34,15 @@ def mesh_of(devices, names=("t",)):
     return Mesh(np.array(jax.devices()[:devices]).reshape(shape), names)
 
 
-def check(cell_name, method, length, where, dtype, batch=3, hidden=5, place=None):
+def check(cell_name, method, length, where, dtype, batch=3, hidden=5, place=None, forward=None):
     cell = CELLS[cell_name]
     params, xs, heads, init = cell_problem(cell, length, batch, hidden, dtype)
     if place is not None:
         xs = jax.device_put(xs, place)
     args = (params, xs, heads, init)
     expected = jax.jit(jax.grad(cell_loss(cell, jax.lax.scan, where), argnums=ARGNUMS))(*args)
-    grad = bppsa.grad(cell_loss(cell, bppsa.scan, where), argnums=ARGNUMS, method=method)
+    loss = cell_loss(cell, bppsa.scan, where)
+    grad = bppsa.grad(loss, argnums=ARGNUMS, method=method, forward=forward)
     with bppsa.trace_plans() as plans:
         actual = jax.jit(grad)(*args)
     assert [p.backward for p in plans] == [method]
@@ -75,15 +77,15 @@ def test_exchange_by_ppermute_and_local_methods(local, length, where):
 @pytest.mark.parametrize("cell", ["rnn", "lstm", "autodiff"])
 def test_pipelined_forward(cell, length, where):
     """Device after device: the same gradients, and the same forward as lax.scan."""
-    method = bppsa.Sharded(mesh_of(4), "t", forward="pipelined")
-    check(cell, method, length, where, jnp.float32)
+    method, forward = bppsa.Sharded(mesh_of(4), "t"), bppsa.Pipelined(mesh_of(4), "t")
+    check(cell, method, length, where, jnp.float32, forward=forward)
     params, xs, _, init = cell_problem(CELLS[cell], length, 2, 5, jnp.float32)
 
     def states(scan, **options):
         body = lambda s, x: (CELLS[cell](params, s, x), CELLS[cell].output(s))
         return jax.vmap(lambda x, i: scan(body, i, x, **options))(xs, init)
 
-    actual = jax.jit(lambda: states(bppsa.scan, method=method))()
+    actual = jax.jit(lambda: states(bppsa.scan, method=method, forward=forward))()
     assert_trees_close(actual, states(jax.lax.scan), jnp.float32)
 
 
@@ -95,9 +97,10 @@ def test_batch_sharded_on_another_axis_of_the_mesh():
     check("lstm", bppsa.Sharded(mesh, "t"), 12, "last", jnp.float32, batch=2, place=place)
 
 
-@pytest.mark.parametrize("forward", ["replicated", "pipelined"])
-def test_pytree_carry_with_an_integer_leaf_reverse_and_both_cotangents(forward):
-    method = bppsa.Sharded(mesh_of(4), "t", forward=forward)
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_pytree_carry_with_an_integer_leaf_reverse_and_both_cotangents(pipelined):
+    method = bppsa.Sharded(mesh_of(4), "t")
+    forward = bppsa.Pipelined(mesh_of(4), "t") if pipelined else "sequential"
     xs = {"a": jnp.linspace(-1, 1, 22).reshape(11, 2), "n": jnp.arange(11)}
 
     def loss(scan, w, init):
@@ -112,9 +115,12 @@ def test_pytree_carry_with_an_integer_leaf_reverse_and_both_cotangents(forward):
     w = jnp.array([[0.5, -0.4], [0.3, 0.2]])
     init = jnp.array([0.1, -0.2])
     expected = jax.grad(functools.partial(loss, jax.lax.scan), argnums=(0, 1))(w, init)
-    actual = jax.jit(
-        bppsa.grad(functools.partial(loss, bppsa.scan), argnums=(0, 1), method=method)
-    )(w, init)
+    grad = bppsa.grad(
+        functools.partial(loss, bppsa.scan), argnums=(0, 1), method=method, forward=forward
+    )
+    with bppsa.trace_plans() as plans:
+        actual = jax.jit(grad)(w, init)
+    assert plans[0].forward == (forward if pipelined else SequentialForward())
     assert_trees_close(actual, expected, jnp.float32)
 
 

@@ -8,7 +8,7 @@ earlier runs: the same scan gets the same forward in every trace), and
 :func:`bppsa.trace_plans` records the choice and why (``forward``, ``forward_because``):
 
 1. ``lax.scan`` where the backward is plain back-propagation (JAX differentiates that
-   ``lax.scan``) or where the method brings its own forward (``Sharded(forward="pipelined")``);
+   ``lax.scan``);
 2. ``lax.scan`` on a profile with measured rules (CPUs: the Newton forward was measured 51-76x
    slower there, ``benchmarks/results/newton_cpu_timing.jsonl``);
 3. elsewhere the best sequential forward is the fused kernel (``bppsa.Fused()``, where the
@@ -125,8 +125,6 @@ class AutoForward:
         if not method.uses_jacobians:
             why = "the backward is plain back-propagation, which differentiates lax.scan"
             return SEQUENTIAL, why
-        if method.forward_for(SEQUENTIAL) != SEQUENTIAL:
-            return SEQUENTIAL, f"{method!r} runs its own forward"
         if profile.measured_rules:
             return SEQUENTIAL, "measured: the Newton forward is slower than lax.scan on CPUs"
         fused_seconds = cost.fused_forward(fp, profile)

@@ -140,8 +140,6 @@ def decide(problem: Problem, options: Options) -> Decision:
             forward = dataclasses.replace(asked, solver=asked.solver_for(fp, chooser, profile))
     else:
         forward = asked
-    if backward is not None and backward.uses_jacobians:
-        forward = backward.forward_for(forward)
     if not method.uses_jacobians and not forward.sequential:
         # lax.scan's own derivatives need lax.scan's forward: back-propagate through the other
         # forward's trajectory with the sequential scan over the Jacobians instead.

@@ -6,15 +6,17 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.methods.resolve import by_name
+from bppsa.scan._core.methods.sharded import Pipelined
 from bppsa.scan._core.newton import Newton
 
 FORWARDS: dict[str, type[Forward] | type[AutoForward]] = {
-    cls.name: cls for cls in (SequentialForward, Newton, Fused, AutoForward)
+    cls.name: cls for cls in (SequentialForward, Newton, Fused, Pipelined, AutoForward)
 }
 
 
 def resolve_forward(forward: Forward | AutoForward | str | None) -> Forward | AutoForward:
-    """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"auto"``) into a forward
+    """Turns a forward object or name (``"sequential"``, ``"newton"``, ``"fused"``,
+    ``"pipelined"``, ``"auto"``) into a forward
     or the forward's policy (``None``: the sequential ``lax.scan``).
 
     Raises:

@@ -24,7 +24,6 @@ from bppsa.scan._core.memory import Footprint
 from bppsa.scan._elements import MapStack
 
 if TYPE_CHECKING:
-    from bppsa.scan._core.forward import Forward
     from bppsa.scan._core.problem import Problem
 
 
@@ -143,11 +142,6 @@ class Method(abc.ABC):
             ct_ys,
             jacobians,
         )
-
-    def forward_for(self, forward: Forward) -> Forward:
-        """The forward pass this method runs when the scan asks for ``forward``: that one
-        (overridden by a method that brings its own, as ``Sharded`` pipelines it)."""
-        return forward
 
     def forward_scan(self, h_first: Array, jac_t: MapStack, offsets: Array) -> Array:
         """The linear recurrence forward in time, ``h_{t+1} = J_t h_t + offsets[t]``, by this

@@ -48,7 +48,6 @@ from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._elements import Dense
 
 EXCHANGES = ("all_gather", "ppermute")
-FORWARDS = ("replicated", "pipelined")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +67,10 @@ class Sharded(Method):
             mode is not sharded: it runs on one device by this method's scan
             (``SequentialScan()``'s for ``None``; :meth:`scan`).
         exchange: ``"all_gather"`` (default) or ``"ppermute"``.
-        forward: ``"replicated"`` (default): the sequential forward as on one device, XLA
-            keeping each device's slice of the stacked carries; ``"pipelined"``: device after
-            device, each running only its own slice from the carry the previous one sends
-            (:class:`PipelinedForward`).
+
+    The forward runs as on one device, XLA keeping each device's slice of the stacked carries;
+    ``forward=bppsa.Pipelined(mesh, "t")`` runs it device after device instead
+    (:class:`Pipelined`).
 
     Example:
         >>> mesh = jax.sharding.Mesh(jax.devices()[:1], ("t",))
@@ -84,7 +83,6 @@ class Sharded(Method):
     axis_name: str = "t"
     local: Method | None = None
     exchange: str = "all_gather"
-    forward: str = "replicated"
     name: ClassVar[str] = "sharded"
     # Each example's slices are sharded on their own; the tangents run on one device.
     # Every device forms the Jacobians of its own slice of the steps.
@@ -115,8 +113,6 @@ class Sharded(Method):
                 f"bppsa.Blelloch(), bppsa.Chunked(), bppsa.SequentialScan()); got "
                 f"{self.local!r}."
             )
-        if self.forward not in FORWARDS:
-            raise ValueError(f"Sharded: forward must be one of {FORWARDS}, got {self.forward!r}.")
         if self.exchange not in EXCHANGES:
             raise ValueError(
                 f"Sharded: exchange must be one of {EXCHANGES}, got {self.exchange!r}."
@@ -134,23 +130,6 @@ class Sharded(Method):
         platform = self.mesh.devices.flat[0].platform
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
         return Auto().scan_method(slice_fp, profile=profile_of(platform), jacobians=True)
-
-    def forward_for(self, forward: Forward) -> Forward:
-        """The forward this method runs in place of ``forward`` (the sequential one):
-        :class:`PipelinedForward` for ``forward="pipelined"``.
-
-        Raises:
-            ValueError: ``forward="pipelined"`` with another forward than the sequential one.
-        """
-        if self.forward != "pipelined":
-            return forward
-        if not forward.sequential:
-            raise ValueError(
-                f"bppsa.scan: {self!r} pipelines the sequential forward across the devices; "
-                f"it cannot also run forward={forward!r}: use Sharded(forward='replicated') "
-                "with that forward, or the sequential forward."
-            )
-        return PipelinedForward(self.mesh, self.axis_name)
 
     def scan(self, g_last, maps, offsets):
         # A stack already on one device: the local method's scan.
@@ -262,17 +241,40 @@ class Sharded(Method):
 
 
 @dataclasses.dataclass(frozen=True)
-class PipelinedForward(Forward):
-    """The sequential forward, device after device along ``axis_name``.
+class Pipelined(Forward):
+    """The sequential forward, device after device along ``axis_name``: ``forward=`` of a scan
+    whose backward is ``bppsa.Sharded`` over the same axis (``forward="pipelined"``: over all
+    devices).
 
     Device ``p`` runs its slice of ``L = ceil(T / P)`` steps (the earliest slice padded at its
     start with steps that keep the carry) once device ``p - 1`` has sent it the carry (one
     ``ppermute`` per stage, ``lax.cond`` so that the other devices idle): still ``T``
     dependent steps, but every device computes and keeps only its own slice.
+
+    Attributes:
+        mesh: a ``jax.sharding.Mesh`` (``None``: one axis ``axis_name`` over all devices of
+            the default backend).
+        axis_name: the mesh axis the steps are split over.
     """
 
-    mesh: Mesh
-    axis_name: str
+    mesh: Mesh = None  # type: ignore[assignment]  # None: filled in by __post_init__
+    axis_name: str = "t"
+    name: ClassVar[str] = "pipelined"
+
+    def __post_init__(self):
+        if not isinstance(self.axis_name, str):
+            raise TypeError(f"Pipelined: axis_name must be a string, got {self.axis_name!r}.")
+        if self.mesh is None:
+            object.__setattr__(self, "mesh", Mesh(np.asarray(jax.devices()), (self.axis_name,)))
+        if not isinstance(self.mesh, Mesh):
+            raise TypeError(
+                f"Pipelined: mesh must be a jax.sharding.Mesh, got {type(self.mesh).__name__}."
+            )
+        if self.axis_name not in self.mesh.axis_names:
+            raise ValueError(
+                f"Pipelined: axis_name={self.axis_name!r} is not an axis of the mesh; its axes "
+                f"are {tuple(self.mesh.axis_names)}."
+            )
 
     def __call__(self, problem, consts, init, xs, *, keep):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
