@@ -19,6 +19,7 @@ import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
+from bppsa.scan._core.fused import factors, padded
 from bppsa.scan._core.memory import footprint
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import CPU, GPU
@@ -169,19 +170,64 @@ def test_forward_mode_uses_the_jacobians():
 
 
 def test_the_loop_runs_only_the_cotangents_cone():
-    """Per step of the RNN at H = 20, the kernel multiplies the cotangent by two factors
-    hoisted for all steps (tanh's derivative, ``1 + y`` and ``1 - y``: JAX's rule), adds the
-    two, forms one product with ``W_hh`` and adds what the output sends; the GRU three
-    (20, 20) products and no move (slice, split) of the cotangent."""
+    """Per step of the RNN at H = 20, the kernel multiplies the cotangent by one factor
+    hoisted for all steps (tanh's derivative: JAX's rule's two products and sum, folded), forms
+    one product with ``W_hh`` and adds what the output sends. The GRU: four scalings, three
+    (20, 20) products and their sums, no move (slice, split) of the cotangent; the LSTM (a
+    pytree carry): five scalings fewer than JAX's VJP has."""
     made = fused_backward.plan(problem_of("rnn"), offsets=True)
     names = [e.primitive.name for e in made.reverse.recurrence]
-    assert names == ["mul", "mul", "add_any", "dot_general", "add"]
+    assert names == ["mul", "dot_general", "add"]
     assert [v.aval.shape for v in made.reverse.constant_residuals] == [(20, 20)]
+    assert [v.aval.shape for v in made.reverse.step_residuals] == [(20,), (20,)]
     made = fused_backward.plan(problem_of("gru"), offsets=False)
     names = [e.primitive.name for e in made.reverse.recurrence]
-    assert not {"slice", "split", "concatenate", "pad"} & set(names)
+    assert names.count("mul") == 4 and len(names) == 10
     dots = [e for e in made.reverse.recurrence if e.primitive.name == "dot_general"]
     assert [e.outvars[0].aval.shape for e in dots] == [(20,)] * 3
+    made = fused_backward.plan(problem_of("lstm"), offsets=False)
+    assert len(made.reverse.recurrence) == 16
+
+
+def test_folded_scalings_keep_the_values():
+    """``(g a + g) b - 3 g`` and ``-(g c)``: one product each with the carry ``g``; a product
+    of two values that depend on the carry is left alone."""
+
+    def fn(g, h, a, b, c):
+        return [(g * a + g) * b - 3.0 * g, -(g * c), g * h]
+
+    args = [jnp.linspace(-1.0, 1.0, 5) + k for k in range(5)]
+    folded = factors.fold_scalings(jax.make_jaxpr(fn)(*args), 2)
+    on_carry, loop = set(folded.jaxpr.invars[:2]), []
+    for eqn in folded.jaxpr.eqns:
+        if any(v in on_carry for v in eqn.invars if not isinstance(v, jax.extend.core.Literal)):
+            on_carry.update(eqn.outvars)
+            loop.append(eqn.primitive.name)
+    assert loop == ["mul", "mul", "mul"]
+    actual = jax.core.eval_jaxpr(folded.jaxpr, folded.consts, *args)
+    assert max(relative_errors(actual, fn(*args))) <= 1e-6
+
+
+def summed(hidden):
+    """A cell whose VJP sums, within one step, a value broadcast over the carry's lanes:
+    ``mean(h + mean(h))``; elsewhere the factors of the loop, zero in the padded lanes, keep
+    them out of every sum even without the masks."""
+
+    def cell(p, h, x):
+        return jnp.tanh(p["w"] @ h + p["u"] @ x) + jnp.mean(h + jnp.mean(h))
+
+    params = {"w": weight(hidden, hidden, 2), "u": weight(hidden, I, 3)}
+    return cell, params, jnp.full(hidden, 0.1), lambda h: h
+
+
+def test_a_planted_mask_leak_fails(monkeypatch):
+    """With the masks all ones, the padded lanes (12 of 32) enter a sum in the loop: the
+    gradients must then differ from lax.scan's."""
+    monkeypatch.setitem(CELLS, "summed", summed)
+    assert_close(*gradients("summed", xs_of(3)))
+    monkeypatch.setattr(padded, "valid_lanes", lambda shape, axes: None)
+    with pytest.raises(AssertionError):
+        assert_close(*gradients("summed", xs_of(3)))
 
 
 # ---- fallbacks -------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ step ``t``'s output ``y_t`` sends to its carry). Nothing forms ``J_t``:
    ``(c_t, s_t, o_t)`` in ``x``'s: what does not depend on ``g`` (the cone's primal values at
    ``c_t``, ``1 - tanh^2``, ``W^T``) is evaluated before the loop, for all steps at once; only
    the cotangent's cone, linear in ``g`` (products with ``W^T``, products with the per-step
-   factors, sums), runs in the loop;
+   factors, sums), runs in the loop, with each chain of elementwise scalings folded into one
+   product (:mod:`~bppsa.scan._core.fused.factors`);
 3. that loop runs from ``t = T - 1`` down to ``0`` in one kernel
    (:func:`~bppsa.scan._core.fused.kernel.carries_after`, ``reverse=True``): the cotangent on
    chip, the per-step factors streamed in, every ``g_t`` streamed out. On the CPU the kernel runs
@@ -34,7 +35,8 @@ from jax import lax
 from jax.extend.core import Literal
 
 from bppsa.scan._core.fused import forward as fused_forward
-from bppsa.scan._core.fused.jaxprs import run_equations
+from bppsa.scan._core.fused.factors import fold_scalings
+from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
 from bppsa.scan._core.fused.split import Split, split_step
 
@@ -108,10 +110,11 @@ def _make_plan(problem: Problem, offsets: bool) -> Plan | str:
         forward = split_step(step, carry_leaves, x_leaves, _shapes(body.consts))
         mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
         floats = [v for v, f in zip(forward.carry_in, mask) if f]
-        reverse_step = _reverse_step(forward, mask, offsets)
         x = _avals([*forward.carry_in, *forward.step_residuals])
         x += _avals(floats) if offsets else []
-        reverse = split_step(reverse_step, _avals(floats), x, _avals(forward.constant_residuals))
+        g, k = _avals(floats), _avals(forward.constant_residuals)
+        reverse_step = _folded(_reverse_step(forward, mask, offsets), g, x, k)
+        reverse = split_step(reverse_step, g, x, k)
     except Exception as err:  # any failure of the tracing: the caller falls back
         return f"the reverse step could not be traced: {type(err).__name__}: {err}"
     return Plan(forward, reverse, mask, _kernel_problem(reverse, problem.length))
@@ -174,6 +177,22 @@ def _reverse_step(forward: Split, mask, offsets: bool):
         return list(g_before), []
 
     return reverse_step
+
+
+def _folded(reverse_step, g, x, k):
+    """``reverse_step`` with its scalings of the cotangent folded
+    (:func:`~bppsa.scan._core.fused.factors.fold_scalings`)."""
+    ng, nx = len(g), len(x)
+
+    def flat(*args):
+        return reverse_step(args[:ng], args[ng : ng + nx], args[ng + nx :])[0]
+
+    closed = fold_scalings(flat_jaxpr(flat, *g, *x, *k), ng)
+
+    def folded(g, x, k):
+        return evaluate(closed.jaxpr, closed.consts, *g, *x, *k), []
+
+    return folded
 
 
 def _evaluate(split: Split, constants, per_step_inputs, length: int):
