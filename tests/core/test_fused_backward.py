@@ -166,6 +166,18 @@ def test_forward_mode_uses_the_jacobians():
     assert_close(actual, jax.jvp(reference, args, tangents)[1])
 
 
+def test_a_hessian_differentiates_the_loop_in_lax_scan():
+    w = weight(4, 4, 5)
+    xs = jax.random.normal(jax.random.key(1), (5, 4))
+
+    def loss(scan, w):
+        carry, ys = scan(lambda h, x: (jnp.tanh(w @ h + x), h), jnp.zeros(4), xs)
+        return jnp.sum(jnp.sin(ys)) + carry.sum()
+
+    actual = jax.hessian(functools.partial(loss, functools.partial(bppsa.scan, method=METHOD)))
+    assert_close(actual(w), jax.hessian(functools.partial(loss, lax.scan))(w))
+
+
 # ---- what the kernel runs --------------------------------------------------------------------
 
 

@@ -288,8 +288,11 @@ def carry_cotangents(
     g_end = [g.astype(v.aval.dtype) for g, v in zip(g_end, reverse.carry_in)]
     constants, steps = _evaluate(reverse, k_step, inputs, length)
 
+    def scanned(g, k, s):
+        return _scanned(reverse, length, g, k, s)
+
     if made.reason is not None:
-        out = _scanned(reverse, length, g_end, constants, steps)
+        out = scanned(g_end, constants, steps)
     else:
 
         def kernel(interpret):
@@ -297,14 +300,16 @@ def carry_cotangents(
                 reverse, length, g, k, s, interpret=interpret, num_warps=num_warps
             )
 
-        out = lax.platform_dependent(
-            g_end,
-            constants,
-            steps,
-            cpu=kernel(True),
-            cuda=kernel(False),
-            default=lambda g, k, s: _scanned(reverse, length, g, k, s),
-        )
+        @jax.custom_jvp
+        def loop(g, k, s):
+            return lax.platform_dependent(
+                g, k, s, cpu=kernel(True), cuda=kernel(False), default=scanned
+            )
+
+        # JAX cannot differentiate the kernel (its loop writes refs): a derivative of the
+        # backward itself (a Hessian) differentiates the same loop in lax.scan.
+        loop.defjvp(lambda primals, tangents: jax.jvp(scanned, primals, tangents))
+        out = loop(g_end, constants, steps)
     it = iter(out)
     tree = jax.tree.structure(carries_before).unflatten(
         [next(it) if f else b for b, f in zip(before, made.float_mask)]

@@ -64,7 +64,8 @@ class FusedSequential(Method):
     to :class:`SequentialScan`'s backward. Never an error.
 
     Forward mode (``jax.jvp``) solves the tangent recurrence sequentially over the Jacobians
-    formed for it (no kernel).
+    formed for it, and a derivative of the backward itself (a Hessian) differentiates the same
+    loop in ``lax.scan``: no kernel in either.
 
     Attributes:
         num_warps: Triton warps per program (one program per example under ``jax.vmap``).
