@@ -5,9 +5,9 @@ turn (its rule for ``tanh`` alone is ``(g + g y)(1 - y)``: two products and a su
 factors do not depend on the cotangent. Inside a loop every one of them is an operation per
 step. :func:`fold_scalings` rewrites every value of the form ``d * u`` (``u`` a value that
 depends on the carry, ``d`` one that does not: a per-step or constant factor of the same shape,
-or a scalar) built by ``mul``, ``neg`` and sums or differences of two scalings of the same
-``u``, into one product ``u * d`` formed where something else first uses it, its factor
-``d`` computed outside the loop: ``(g + g y)(1 - y) -> g ((1 + y)(1 - y))``.
+or a scalar) built by ``mul``, ``neg``, ``div`` by ``d`` and sums or differences of two
+scalings of the same ``u``, into one product ``u * d`` formed where something else first uses
+it, its factor ``d`` computed outside the loop: ``(g + g y)(1 - y) -> g ((1 + y)(1 - y))``.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ def fold_scalings(closed: ClosedJaxpr, num_carry: int) -> ClosedJaxpr:
                 if jnp.shape(a.base) == shape:
                     factor = jnp.asarray(factor, eqn.outvars[0].aval.dtype)
                     env[eqn.outvars[0]] = _Scaled(a.base, _times(a.factor, factor))
+                    continue
+            if name == "div" and scaled == [True, False] and same:
+                a, divisor = args
+                if jnp.shape(a.base) == shape:
+                    inverse = 1 / jnp.asarray(divisor, eqn.outvars[0].aval.dtype)
+                    env[eqn.outvars[0]] = _Scaled(a.base, _times(a.factor, inverse))
                     continue
             if name == "neg" and scaled[0]:
                 a = args[0]
