@@ -3,14 +3,15 @@
 Public API: :func:`scan` (a drop-in for ``jax.lax.scan`` with a parallel backward pass; also the
 subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`value_and_grad`
 (``jax.grad`` with the backward method chosen in one place), the methods :class:`Blelloch`,
-:class:`Blocked`, :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan` and
-:class:`Sharded` (subclasses of :class:`Method`) and the policy :class:`Auto` that chooses
-among them (a :class:`Policy`), the forward passes :class:`Newton` (with :class:`NewtonInfo`),
-:class:`Fused`, :class:`Pipelined` (across devices, with ``Sharded``) and the forward's policy
-:class:`AutoForward`, the memory guard's :func:`estimate_memory` and :class:`MemoryLimitError`,
-:func:`trace_plans` (what each traced scan decided), the measured
-constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules` and
-:class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and :class:`AnalyticJacobianWarning`.
+:class:`Blocked`, :class:`Chunked`, :class:`FusedSequential`, :class:`Sequential`,
+:class:`SequentialScan` and :class:`Sharded` (subclasses of :class:`Method`) and the policy
+:class:`Auto` that chooses among them (a :class:`Policy`), the forward passes :class:`Newton`
+(with :class:`NewtonInfo`), :class:`Fused`, :class:`Pipelined` (across devices, with
+``Sharded``) and the forward's policy :class:`AutoForward`, the memory guard's
+:func:`estimate_memory` and :class:`MemoryLimitError`, :func:`trace_plans` (what each traced
+scan decided), the measured constants of each backend (:class:`Profile`, made of :class:`Rates`,
+:class:`Rules` and :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and
+:class:`AnalyticJacobianWarning`.
 """
 
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ from bppsa.scan._core.methods import (
     Blelloch,
     Blocked,
     Chunked,
+    FusedSequential,
     Method,
     Policy,
     Sequential,
@@ -56,6 +58,7 @@ __all__ = [
     "Blocked",
     "Chunked",
     "Fused",
+    "FusedSequential",
     "Kernels",
     "MemoryLimitError",
     "Method",

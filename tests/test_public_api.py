@@ -49,6 +49,7 @@ DOCTEST_MODULES = [
     "bppsa.scan._core.body",
     "bppsa.scan._core.methods.auto",
     "bppsa.scan._core.methods.sharded",
+    "bppsa.scan._core.methods.fused_sequential",
     "bppsa.scan._core.newton",
     "bppsa.scan._core.fused.forward",
     "bppsa.scan._core.auto_forward",

@@ -14,7 +14,8 @@ recurrent cells:
   of maps that differ in shape (layers): :func:`chain_scan`, with :func:`chain_plan` and
   :func:`chain_memory` (every product it forms, without running it);
 * the backward methods, re-exported: :class:`Auto`, :class:`Blelloch`, :class:`Blocked`,
-  :class:`Chunked`, :class:`Sequential`, :class:`SequentialScan`, :class:`Sharded`,
+  :class:`Chunked`, :class:`FusedSequential`, :class:`Sequential`, :class:`SequentialScan`,
+  :class:`Sharded`,
   :class:`Method`, the policies :class:`CostModel` and :class:`MeasuredRules` that ``Auto``
   chooses by, and :func:`resolve` for names.
 
@@ -38,6 +39,7 @@ from bppsa.scan._core.methods import (
     Blocked,
     Chunked,
     CostModel,
+    FusedSequential,
     MeasuredRules,
     Method,
     Policy,
@@ -61,6 +63,7 @@ __all__ = [
     "CostModel",
     "Dense",
     "Diagonal",
+    "FusedSequential",
     "MapStack",
     "MeasuredRules",
     "Method",

@@ -47,8 +47,9 @@ def test_every_form_builds_its_method(name, method):
 def test_plain_names_are_the_librarys():
     # One table of method names: the library's; the experiments' plain names map onto it,
     # and every method with a name is one of them, but the blocked methods (named with their
-    # block, "-b<K>") and the sharded one (the experiments run on one device).
-    library = set(bppsa.scan.METHODS) - {"blocked", "sharded"}
+    # block, "-b<K>"), the sharded one (the experiments run on one device) and the fused
+    # sequential backward (a GPU kernel no experiment runs yet).
+    library = set(bppsa.scan.METHODS) - {"blocked", "sharded", "fused-sequential"}
     assert set(method_names.LIBRARY.values()) == library
     assert set(method_names.LIBRARY) | {
         method_names.BLELLOCH_LEVELS,

@@ -23,7 +23,16 @@ def test_names_resolve_to_method_objects():
     assert resolve("Sequential") == Sequential()
     assert resolve(SequentialScan()) == SequentialScan()
     assert resolve("chunked") == Chunked()
-    names = {"auto", "blelloch", "blocked", "chunked", "sequential", "sequential-scan", "sharded"}
+    names = {
+        "auto",
+        "blelloch",
+        "blocked",
+        "chunked",
+        "fused-sequential",
+        "sequential",
+        "sequential-scan",
+        "sharded",
+    }
     assert set(METHODS) == names
     # Every method is nameable: the classes that need arguments have defaults.
     assert resolve("blocked") == Blocked(SequentialScan(), 1024)

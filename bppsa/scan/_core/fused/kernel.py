@@ -50,6 +50,8 @@ def carries_after(
     *,
     interpret: bool,
     num_warps: int,
+    reverse: bool = False,
+    name: str = "bppsa_fused_forward",
 ) -> list[Any]:
     """The carry leaves after every step, ``(T, *leaf)`` each, from one kernel launch.
 
@@ -61,6 +63,9 @@ def carries_after(
         steps: the values of ``split.step_residuals``, ``(T, ...)`` each.
         interpret: run the kernel in Pallas' interpreter (CPU) instead of lowering it.
         num_warps: Triton's warps per program.
+        reverse: run the steps from ``T - 1`` down to ``0`` (step ``t`` reads ``steps[t]`` and
+            writes the carry after it at ``t``), as a backward's loop does.
+        name: the kernel's name (in the lowered program).
     """
     carry_in, carry_out = split.carry_in, split.carry_out
     shapes = [tuple(v.aval.shape) for v in carry_in]
@@ -80,7 +85,8 @@ def carries_after(
         step_refs, out_refs = refs[ni + nk : len(inputs)], refs[len(inputs) :]
         const_values = [r[...] for r in const_refs]
 
-        def body(t, carry):
+        def body(k, carry):
+            t = length - 1 - k if reverse else k
             env = dict(zip(carry_in, carry))
             env.update(zip(split.constant_residuals, const_values))
             env.update(zip(split.step_residuals, [r[t] for r in step_refs]))
@@ -103,6 +109,6 @@ def carries_after(
         out_shape=out_shape,
         interpret=interpret,
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
-        name="bppsa_fused_forward",
+        name=name,
     )(*inputs)
     return [unpad(a, s) for a, s in zip(after, shapes)]

@@ -133,6 +133,12 @@ def _transpose(eqn, args):
     return bind(eqn, *args)
 
 
+def _unsharded(eqn, args):
+    """A sharding annotation (JAX's transposes emit ``reshard`` under a mesh): inside the
+    kernel one program holds the whole array, so the value passes unchanged."""
+    return list(args)
+
+
 _IDENTITIES: dict[str, Callable[[Any], Any]] = {
     "reduce_sum": lambda dtype: 0,
     "reduce_max": lambda dtype: (
@@ -286,6 +292,8 @@ RULES: dict[str, Callable] = {
     "squeeze": _squeeze,
     "reshape": _reshape,
     "transpose": _transpose,
+    "reshard": _unsharded,
+    "sharding_constraint": _unsharded,
     "reduce_sum": _reduce,
     "reduce_max": _reduce,
     "reduce_min": _reduce,

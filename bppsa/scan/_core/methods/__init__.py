@@ -17,13 +17,16 @@ from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.fused_sequential import FusedSequential
 from bppsa.scan._core.methods.policy import Fixed, Policy, as_policy
 from bppsa.scan._core.methods.resolve import METHODS, names, resolve
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.methods.sharded import Sharded
 
-METHODS.update(names(Auto, Blelloch, Blocked, Chunked, Sequential, SequentialScan, Sharded))
+METHODS.update(
+    names(Auto, Blelloch, Blocked, Chunked, FusedSequential, Sequential, SequentialScan, Sharded)
+)
 
 __all__ = [
     "METHODS",
@@ -33,6 +36,7 @@ __all__ = [
     "Chunked",
     "CostModel",
     "Fixed",
+    "FusedSequential",
     "MeasuredRules",
     "Method",
     "Policy",

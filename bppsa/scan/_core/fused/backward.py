@@ -1,0 +1,317 @@
+"""The carry cotangents of a scan's backward, the reverse loop in one Pallas kernel.
+
+Algorithm summary. Back-propagation's recurrence is ``g_t = J_t^T g_{t+1} + o_t`` (``g_t`` the
+cotangent of the carry that entered step ``t``, ``g_T`` that of the final carry, ``o_t`` what
+step ``t``'s output ``y_t`` sends to its carry). Nothing forms ``J_t``:
+
+1. the step is split as the fused forward splits it (:func:`~bppsa.scan._core.fused.split.
+   split_step`): its carry cone ``c_{t+1} = cone(c_t, k, s_t)`` (``k`` the values hoisted
+   once, ``s_t`` those hoisted per step);
+2. one *reverse step* ``g_t = vjp(cone(., k, s_t), c_t)(g_{t+1}) + o_t`` is traced with JAX's
+   own ``jax.vjp`` and split again, its cotangent ``g`` in the carry's place and
+   ``(c_t, s_t, o_t)`` in ``x``'s: what does not depend on ``g`` (the cone's primal values at
+   ``c_t``, ``1 - tanh^2``, ``W^T``) is evaluated before the loop, for all steps at once; only
+   the cotangent's cone, linear in ``g`` (products with ``W^T``, products with the per-step
+   factors, sums), runs in the loop, with each chain of elementwise scalings folded into one
+   product (:mod:`~bppsa.scan._core.fused.factors`);
+3. that loop runs from ``t = T - 1`` down to ``0`` in one kernel
+   (:func:`~bppsa.scan._core.fused.kernel.carries_after`, ``reverse=True``): the cotangent on
+   chip, the per-step factors streamed in, every ``g_t`` streamed out. On the CPU the kernel runs
+   in Pallas' interpreter; on platforms without Pallas, or where the kernel cannot run the
+   reverse step (:func:`why_not`), the same reverse step runs in ``lax.scan``.
+
+A reverse step the tracer cannot build (:func:`plan`'s reason string) is left to the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.extend.core import Literal
+
+from bppsa.scan._core.fused import forward as fused_forward
+from bppsa.scan._core.fused.factors import fold_scalings
+from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
+from bppsa.scan._core.fused.kernel import carries_after
+from bppsa.scan._core.fused.split import Split, split_step
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.carry import Layout
+    from bppsa.scan._core.problem import Problem
+
+KERNEL_NAME = "bppsa_fused_backward"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A scan's step and its reverse step, split.
+
+    Attributes:
+        step: the step's split (its carry cone and what is hoisted out of it).
+        reverse: the reverse step's split: ``(g_after, (carry, step residuals, offsets),
+            constant residuals) -> g_before`` over the float carry leaves (``offsets`` only
+            where the outputs send cotangents).
+        float_mask: which carry leaves get cotangents.
+        reason: why the kernel cannot run the reverse step (then ``lax.scan`` runs it), or
+            ``None``.
+    """
+
+    step: Split
+    reverse: Split
+    float_mask: tuple[bool, ...]
+    reason: str | None
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan(problem: Problem, *, offsets: bool) -> Plan | str:
+    """The split step and reverse step of ``problem`` (one example's shapes), or why they
+    cannot be built. ``offsets``: whether the outputs send cotangents to the carries."""
+    plans = _PLANS.setdefault(problem, {})
+    if offsets not in plans:
+        plans[offsets] = _make_plan(problem, offsets)
+    return plans[offsets]
+
+
+def why_not(problem: Problem) -> str | None:
+    """Why the kernel cannot run ``problem``'s backward loop (``None``: it can)."""
+    made = plan(problem, offsets=True)
+    return made if isinstance(made, str) else made.reason
+
+
+def _shapes(values) -> list:
+    return [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
+
+
+def _avals(variables) -> list:
+    return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
+
+
+def _make_plan(problem: Problem, offsets: bool) -> Plan | str:
+    if problem.length < 1:
+        return "an empty scan (length 0)"
+    body = problem.body
+    carry_leaves, carry_tree = jax.tree.flatten(problem.init)
+    x_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), problem.xs)
+    x_leaves, x_tree = jax.tree.flatten(x_shapes)
+
+    def step(carry, x, consts):
+        out, *_ = body.converted(carry_tree.unflatten(carry), x_tree.unflatten(x), *consts)
+        new_carry, ys = out
+        return carry_tree.flatten_up_to(new_carry), jax.tree.leaves(ys)
+
+    try:
+        forward = split_step(step, carry_leaves, x_leaves, _shapes(body.consts))
+        mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
+        floats = [v for v, f in zip(forward.carry_in, mask) if f]
+        x = _avals([*forward.carry_in, *forward.step_residuals])
+        x += _avals(floats) if offsets else []
+        g, k = _avals(floats), _avals(forward.constant_residuals)
+        reverse_step = _folded(_reverse_step(forward, mask, offsets), g, x, k)
+        reverse = split_step(reverse_step, g, x, k)
+    except Exception as err:  # any failure of the tracing: the caller falls back
+        return f"the reverse step could not be traced: {type(err).__name__}: {err}"
+    return Plan(forward, reverse, mask, _kernel_problem(reverse, problem.length))
+
+
+def _kernel_problem(reverse: Split, length: int) -> str | None:
+    reason = fused_forward._unsupported(reverse)
+    if reason is not None:
+        return reason
+    const_shapes = _avals(reverse.constant_residuals)
+    step_shapes = [
+        jax.ShapeDtypeStruct((length, *v.aval.shape), v.aval.dtype) for v in reverse.step_residuals
+    ]
+    try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
+        jax.eval_shape(
+            lambda g, k, s: _loop(reverse, length, g, k, s, interpret=True, num_warps=4),
+            _avals(reverse.carry_in),
+            const_shapes,
+            step_shapes,
+        )
+    except Exception as err:
+        return f"the kernel could not be built: {type(err).__name__}: {err}"
+    return None
+
+
+def _cone(split: Split, carry, constants, steps) -> list:
+    """The new carry's leaves from the carry's, by the step's recurrence alone."""
+    jaxpr = split.jaxpr.jaxpr
+    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
+    env.update(zip(split.carry_in, carry))
+    env.update(zip(split.constant_residuals, constants))
+    env.update(zip(split.step_residuals, steps))
+    run_equations(split.recurrence, env)
+    return [
+        jnp.full(v.aval.shape, v.val, v.aval.dtype) if isinstance(v, Literal) else env[v]
+        for v in split.carry_out
+    ]
+
+
+def _reverse_step(forward: Split, mask, offsets: bool):
+    """``(g_after, x, constants) -> (g_before, [])`` for :func:`split_step`: ``x`` holds the
+    carry that entered the step (all leaves), the step's residuals and, with ``offsets``, the
+    cotangents its output sends to the float carry leaves."""
+    nc, ns = len(mask), len(forward.step_residuals)
+
+    def reverse_step(g_after, x, constants):
+        carry, steps, sent = x[:nc], x[nc : nc + ns], x[nc + ns :]
+
+        def float_map(floats):
+            it = iter(floats)
+            full = [next(it) if f else c for c, f in zip(carry, mask)]
+            out = _cone(forward, full, constants, steps)
+            return [o for o, f in zip(out, mask) if f]
+
+        floats = [c for c, f in zip(carry, mask) if f]
+        _, vjp = jax.vjp(float_map, floats)
+        (g_before,) = vjp(list(g_after))
+        if offsets:
+            g_before = [g + o for g, o in zip(g_before, sent)]
+        return list(g_before), []
+
+    return reverse_step
+
+
+def _folded(reverse_step, g, x, k):
+    """``reverse_step`` with its scalings of the cotangent folded
+    (:func:`~bppsa.scan._core.fused.factors.fold_scalings`)."""
+    ng, nx = len(g), len(x)
+
+    def flat(*args):
+        return reverse_step(args[:ng], args[ng : ng + nx], args[ng + nx :])[0]
+
+    closed = fold_scalings(flat_jaxpr(flat, *g, *x, *k), ng)
+
+    def folded(g, x, k):
+        return evaluate(closed.jaxpr, closed.consts, *g, *x, *k), []
+
+    return folded
+
+
+def _evaluate(split: Split, constants, per_step_inputs, length: int):
+    """The values of ``split``'s constant and per-step residuals (``(T, ...)`` each) given its
+    constant inputs and its ``x`` inputs for all steps."""
+    jaxpr = split.jaxpr.jaxpr
+    nc, nx = split.num_carry, split.num_x
+    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
+    env.update(zip(jaxpr.invars[nc + nx :], constants))
+    run_equations(split.constant, env)
+    x_vars = jaxpr.invars[nc : nc + nx]
+
+    def per_step(x):
+        local = dict(env)
+        local.update(zip(x_vars, x))
+        run_equations(split.per_step, local)
+        return [local[v] for v in split.step_residuals]
+
+    steps = jax.vmap(per_step, axis_size=length)(per_step_inputs) if split.step_residuals else []
+    return [env[v] for v in split.constant_residuals], steps
+
+
+def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warps):
+    """``[g_0 .. g_{T-1}]`` leaves by the kernel."""
+    return carries_after(
+        split,
+        length,
+        g_last,
+        constants,
+        steps,
+        interpret=interpret,
+        num_warps=num_warps,
+        reverse=True,
+        name=KERNEL_NAME,
+    )
+
+
+def _scanned(split: Split, length, g_last, constants, steps):
+    """``[g_0 .. g_{T-1}]`` leaves by ``lax.scan`` (the same reverse step, unpadded)."""
+    jaxpr = split.jaxpr.jaxpr
+    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
+    env.update(zip(split.constant_residuals, constants))
+
+    def body(g, step):
+        local = dict(env)
+        local.update(zip(split.carry_in, g))
+        local.update(zip(split.step_residuals, step))
+        run_equations(split.recurrence, local)
+        new = [
+            jnp.full(old.shape, v.val, old.dtype)
+            if isinstance(v, Literal)
+            else local[v].astype(old.dtype)
+            for v, old in zip(split.carry_out, g)
+        ]
+        return new, new
+
+    _, out = lax.scan(body, list(g_last), list(steps), length=length, reverse=True)
+    return out
+
+
+def carry_cotangents(
+    made: Plan,
+    layout: Layout,
+    consts,
+    carries_before,
+    xs,
+    g_last,
+    offsets,
+    *,
+    num_warps: int = 4,
+):
+    """``(T, n)``: the packed cotangents ``g_0 .. g_{T-1}`` of the carries that entered the
+    steps, of one example.
+
+    Args:
+        made: the problem's :func:`plan` (with offsets iff ``offsets`` is not ``None``).
+        layout: how one example's carry packs.
+        consts: the body's constants.
+        carries_before: ``(T, ...)`` leaves: the carry that entered each step.
+        xs: the steps' inputs (time order).
+        g_last: ``(n,)``, the final carry's cotangent.
+        offsets: ``(T, n)``, what each step's output sends to its carry, or ``None``.
+        num_warps: Triton's warps per program.
+    """
+    step, reverse = made.step, made.reverse
+    length = jax.tree.leaves(carries_before)[0].shape[0]
+    before = jax.tree.leaves(carries_before)
+    k_step, s_step = _evaluate(step, list(consts), jax.tree.leaves(xs), length)
+    inputs = [*before, *s_step]
+    if offsets is not None:
+        inputs += layout.float_leaves(layout.unpack(offsets, carries_before, stacked=True))
+    g_end = layout.float_leaves(layout.unpack(g_last, jax.tree.map(lambda a: a[0], carries_before)))
+    g_end = [g.astype(v.aval.dtype) for g, v in zip(g_end, reverse.carry_in)]
+    constants, steps = _evaluate(reverse, k_step, inputs, length)
+
+    def scanned(g, k, s):
+        return _scanned(reverse, length, g, k, s)
+
+    if made.reason is not None:
+        out = scanned(g_end, constants, steps)
+    else:
+
+        def kernel(interpret):
+            return lambda g, k, s: _loop(
+                reverse, length, g, k, s, interpret=interpret, num_warps=num_warps
+            )
+
+        @jax.custom_jvp
+        def loop(g, k, s):
+            return lax.platform_dependent(
+                g, k, s, cpu=kernel(True), cuda=kernel(False), default=scanned
+            )
+
+        # JAX cannot differentiate the kernel (its loop writes refs): a derivative of the
+        # backward itself (a Hessian) differentiates the same loop in lax.scan.
+        loop.defjvp(lambda primals, tangents: jax.jvp(scanned, primals, tangents))
+        out = loop(g_end, constants, steps)
+    it = iter(out)
+    tree = jax.tree.structure(carries_before).unflatten(
+        [next(it) if f else b for b, f in zip(before, made.float_mask)]
+    )
+    return layout.pack(tree, stacked=True)
