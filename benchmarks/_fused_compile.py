@@ -120,7 +120,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per cell the largest hidden size whose kernel compiled and ran right, and the smallest
     that did not, with their envelope counts; over all cells the largest counts that compiled
     and the smallest that failed: ``MAX_TILE`` and ``MAX_RESIDENT`` belong between them."""
-    points = [r for r in rows if r.get("part") == "compile" and r.get("status") != "skipped"]
+    points = [
+        r for r in rows if r.get("part") == "compile" and r.get("status", "skipped") != "skipped"
+    ]
     cells: dict[str, Any] = {}
     for cell in dict.fromkeys(r["cell"] for r in points):
         mine = [r for r in points if r["cell"] == cell]

@@ -6,7 +6,7 @@ a step of ``benchmarks/gpu.sh``:
   forward, in milliseconds and microseconds per step: the library's RNN, GRU and LSTM at
   H = 20, B = 16, T = 10k, 30k, 1k (input 1), and ParaRNN's diagonal GRU at H = 1024 and 4096,
   T = 4096, B = 8 (256 inputs). Where the kernel cannot run a case the row says why
-  (``fused_why_not``) and times ``lax.scan`` only;
+  (``fused_why_not``) and does not time ``forward="fused"``;
 * ``grad``: whole gradients (``value_and_grad`` of a head on the final states): BP
   (``jax.value_and_grad`` through ``lax.scan``), bppsa's defaults (``bppsa.value_and_grad``)
   and ``forward="fused"`` with ``method=bppsa.Blelloch()``; RNN and GRU, H = 20, B = 16,
