@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
 # The GPU report: every benchmark with a speed or accuracy claim, on one CUDA GPU (JAX's GPU
-# backend), in ONE device call of at most ~8.5 minutes (limit_s below, JAX's start included in
-# each step). Every gradient is timed by the timing package (experiments/timing): the whole gradient, its forward
-# and its backward, each its own program ("backward": "pullback" in every file). In order, each
-# step within its budget and the run's deadline (a step not started in time is left out; the
-# files keep what finished):
-#   1. the paper's grids (benchmarks/speed.py, RNN and GRU, H = 20: T sweep at B = 16, B sweep
-#      at T = 1000; BP, Auto(), Blelloch()): speed_gpu.json
-#   2. the gradients' error against float64 with the library's products at "highest" and at
-#      JAX's default (TF32 there), BP at JAX's default (benchmarks/accuracy.py): accuracy_gpu.json
-#   3. what the precision costs: one sequence's gradient, BP against bppsa at "highest" and at
-#      "default" (benchmarks/total.py): total_gpu.json
-#   4. the structured cells (benchmarks/width.py: ParaRNN's diagonal GRU and CIFG LSTM at
-#      H = 256, 1024, 4096): width_gpu.json
+# backend), in ONE device call that fits 8.5 minutes with the machine's start (limit_s below,
+# JAX's start included in each step; the start took 1-1.5 minutes). Every gradient is timed by
+# the timing package (experiments/timing): each quantity its own program. In order, each step
+# within its budget and the run's deadline (a step not started in time is left out; the files
+# keep what finished), the most wanted first, so that a call cut short still brings them:
+#   1. the fused forward alone (benchmarks/fused.py --parts forward: lax.scan against
+#      forward="fused" and the default forward, us per step; RNN, GRU, LSTM at H = 20, B = 16,
+#      T = 10k, 30k, 1k; the diagonal GRU at H = 1024, 4096, T = 4096, B = 8):
+#      fused_forward_gpu.jsonl. It stops the run at once without a GPU backend (exit 2)
+#   2. whole value_and_grad: BP, bppsa's defaults, fused + Blelloch(), with each run's plan;
+#      RNN, GRU, H = 20, B = 16, T = 10k, 30k: fused_grad_gpu.jsonl
+#   3. cuDNN's LSTM (jax.experimental.rnn.lstm) against bppsa's LSTM with its defaults,
+#      H = 20, 128, T = 10k, 1k, B = 16: fused_cudnn_gpu.jsonl
+#   4. the fused kernel's compile grid (RNN, GRU, LSTM, diagonal GRU at H = 16..4096; its
+#      "compile-summary" row: the largest size each cell compiled at, for the envelope
+#      MAX_TILE / MAX_RESIDENT): fused_compile_gpu.jsonl
 #   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
-#      T = 2048, B = 8: BP, Auto, Auto with the Newton forward, on the synthetic corpus):
-#      char_lm_gpu/
-#   6. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
+#      T = 2048, B = 8: BP, Auto (its forward the fused kernel: the summary records each
+#      run's plan), Auto with the Newton forward, on the synthetic corpus): char_lm_gpu/
+#   6. the paper's grids (benchmarks/speed.py, RNN and GRU, H = 20: T sweep at B = 16, B sweep
+#      at T = 1000; BP, Auto(), Blelloch()): speed_gpu.json
+#   7. the gradients' error against float64 with the library's products at "highest" and at
+#      JAX's default (TF32 there), BP at JAX's default (benchmarks/accuracy.py): accuracy_gpu.json
+#   8. what the precision costs: one sequence's gradient, BP against bppsa at "highest" and at
+#      "default" (benchmarks/total.py): total_gpu.json
+#   9. the structured cells (benchmarks/width.py: ParaRNN's diagonal GRU and CIFG LSTM at
+#      H = 256, 1024, 4096): width_gpu.json
+#  10. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
 #      and quasi-Newton's forward on a dense autodiff GRU: newton_gpu.jsonl
-#   7. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
+#  11. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
 #      (sharded_gpu.json), the pruned VGG-11's backward over its layers (vgg11_gpu/).
 # Runs with the machine's python3 (a CUDA build of JAX, numpy, optax; no virtual environment):
 # the project goes on PYTHONPATH. Everything goes to $OUT (the device tool's output folder),
@@ -29,10 +40,11 @@
 #   bash benchmarks/gpu.sh --dry-run  # the same steps with tiny sizes, anywhere, no deadline
 #                                     # (GPU_SH_DRY_LIMIT_S=N: the run's limit, N seconds)
 #
-# Exit status: 0 complete; 124 or 137 the time limit ended the paper's grids (the JSON keeps
-# what was measured); otherwise the speed benchmark's (2: not a GPU backend, nothing else runs).
-# A speed benchmark killed by a signal (a crash inside XLA) is restarted with --resume while
-# time is left: it keeps the rows measured and skips the one the crash happened in.
+# Exit status: 0 complete; 2 not a GPU backend (nothing else runs); 124 or 137 the time limit
+# ended the paper's grids (the JSON keeps what was measured); otherwise the speed benchmark's.
+# A step of the fused rows or the speed benchmark killed by a signal (a crash inside XLA or
+# Triton) runs again while its time lasts: it keeps the rows measured and skips the one the
+# crash happened in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out_root="${OUT:-results}"
@@ -43,9 +55,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 dry=0
 [[ " $* " == *" --dry-run "* ]] && dry=1
-limit_s=500 # the whole run (one device call may run 9 minutes, the machine's start apart)
+limit_s=400 # the whole run: with the machine's start (up to 1.5 minutes) within 8.5 minutes
 restart_s=60 # the least time left worth a restart of the speed benchmark
-speed_s=180  # the paper's grids
+speed_s=100  # the paper's grids (measured on an H200 twice already: gpu-h200*/)
 # A dry run tests the script's path, not its clock: no budget applies (every step runs, however
 # loaded the machine) unless GPU_SH_DRY_LIMIT_S sets the whole run's limit in seconds.
 if ((dry)); then
@@ -89,11 +101,62 @@ step() {
     ((status == 0)) || say "${name} exit ${status} (the other results stand)"
 }
 
+# fused NAME BUDGET_S MIN_S PART: the part PART of benchmarks/fused.py as a step (its file
+# fused_PART_gpu.jsonl); a run killed by a signal (a crash inside XLA or Triton) runs again
+# while the step's time lasts: it skips the cases done and records the one it died in. Returns
+# the last run's exit status (2: not a GPU backend).
+fused() {
+    local name=$1 budget=$2 least=$3 part=$4 left ends attempt status=0
+    left=$((deadline - SECONDS))
+    if ((left < least)); then
+        say "${left} s left: ${name} not run"
+        return 0
+    fi
+    ((unbounded)) && budget=$left
+    ((budget > left)) && budget=$left
+    ends=$((SECONDS + budget))
+    local args=(--parts "$part" --out "$results/fused_${part}_gpu.jsonl")
+    if ((dry)); then args+=(--dry-run); else args+=(--require-backend gpu); fi
+    for attempt in 1 2 3; do
+        left=$((ends - SECONDS))
+        ((attempt > 1 && left < 15)) && break
+        status=0 # --seconds: no case starts in the last 10 s, so that the part's table prints
+        timeout --kill-after=10 "$left" python3 -m benchmarks.fused "${args[@]}" \
+            --seconds $((left > 20 ? left - 10 : left)) 2>&1 | tee -a "$log" || status=$?
+        ((status > 128 && status != 137)) || break
+        say "${name} died (exit ${status}); running it again (it skips the cases done)"
+    done
+    ((status == 0 || status == 2)) || say "${name} exit ${status} (the other results stand)"
+    return "$status"
+}
+
 if command -v nvidia-smi >/dev/null; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$log" || true
 fi
 
-# 1. The paper's grids. Its refusal without a GPU backend (exit 2) ends the run.
+# 1-4. The fused forward's rows (issue 43), the forward alone first: its refusal without a GPU
+# backend (exit 2) ends the run.
+status=0
+fused fused_forward 75 30 forward || status=$?
+if ((status == 2)); then
+    say "not a GPU backend: nothing else runs"
+    exit 2
+fi
+fused fused_grad 55 25 grad || true
+fused fused_cudnn 35 20 cudnn || true
+fused fused_compile 55 20 compile || true
+
+# 5. The language model's whole training step, on the SYNTHETIC corpus in the Shakespeare
+# layout (no download on the GPU machine; a step's time does not depend on the text).
+fixture="$scratch/char_lm_fixture"
+lm_args=(--gpu --width 1024 --layers 2 --batch 8 --iterations 8 --warmup 2 --eval-every 1000
+    --eval-batches 1 --sample-length 8 --final-sample-length 8)
+((dry)) && lm_args=(--gpu --dry-run --iterations 2)
+python3 -c "from experiments._char_lm_fixture import write_fixture as w; w('$fixture', speeches=400)"
+step char_lm 70 40 python3 -m experiments.char_lm "${lm_args[@]}" --data "$fixture" \
+    --methods bp bppsa bppsa-newton --out "$results" --name char_lm_gpu --overwrite --no-progress
+
+# 6. The paper's grids, within the run's deadline.
 speed_args=(
     --require-backend gpu
     --methods auto blelloch
@@ -106,14 +169,21 @@ speed_args=(
 )
 resume=()
 status=0
+speed_ran=0
 speed_deadline=$((SECONDS + speed_s))
+((speed_deadline > deadline)) && speed_deadline=$deadline
 for attempt in 1 2 3; do
     left=$((speed_deadline - SECONDS))
+    if ((attempt == 1 && left < 30)); then
+        say "${left} s left: speed not run"
+        break
+    fi
     if ((attempt > 1 && left < restart_s)); then
         say "${left} s left, too little to restart"
         break
     fi
     status=0
+    speed_ran=1
     timeout --kill-after=10 "$left" python3 -m benchmarks.speed "${speed_args[@]}" \
         ${resume[@]+"${resume[@]}"} "$@" 2>&1 | tee -a "$log" || status=$?
     if ((status <= 128 || status == 137)); then # done, refused, failed or timed out
@@ -127,7 +197,7 @@ if ! ((status == 0 || status == 124 || status == 137)); then
     exit "$status"
 fi
 
-# 2. The gradients' error against float64: BP and Blelloch() as a user runs them (JAX's default
+# 7. The gradients' error against float64: BP and Blelloch() as a user runs them (JAX's default
 # matmul precision, TF32 on recent NVIDIA GPUs), Blelloch's own products at "highest" (the
 # library's default) and at "default".
 accuracy_args=(--cells rnn gru --regimes contractive --lengths 1000 10000 30000 --methods blelloch)
@@ -135,14 +205,14 @@ accuracy_args=(--cells rnn gru --regimes contractive --lengths 1000 10000 30000 
 step accuracy 55 25 python3 -m benchmarks.accuracy "${accuracy_args[@]}" \
     --cell-precision default --precisions highest default --out "$results/accuracy_gpu.json"
 
-# 3. What the precision costs, and one sequence's total (B = 1, outside jax.vmap): jax.grad
+# 8. What the precision costs, and one sequence's total (B = 1, outside jax.vmap): jax.grad
 # against bppsa.grad's default, bppsa's products at "highest" and at "default".
 total_args=(--cells rnn gru --lengths 1000 10000 --repeats 5)
 ((dry)) && total_args=(--cells rnn --lengths 5 --repeats 1)
 step total 35 20 python3 -m benchmarks.total "${total_args[@]}" --precisions default \
     --out "$results/total_gpu.json"
 
-# 4. The structured cells, whose Jacobians stay diagonal / 2x2-block: the forward (lax.scan vs
+# 9. The structured cells, whose Jacobians stay diagonal / 2x2-block: the forward (lax.scan vs
 # the Newton forward) and the gradient (BP vs Auto and Blelloch), T = 1k, 4k, 16k, B = 8, 1.
 width_s=80
 width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1024 4096
@@ -153,17 +223,7 @@ width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1
 step width "$width_s" 40 python3 -m benchmarks.width "${width_args[@]}" \
     --out "$results/width_gpu.json"
 
-# 5. The language model's whole training step, on the SYNTHETIC corpus in the Shakespeare
-# layout (no download on the GPU machine; a step's time does not depend on the text).
-fixture="$scratch/char_lm_fixture"
-lm_args=(--gpu --width 1024 --layers 2 --batch 8 --iterations 8 --warmup 2 --eval-every 1000
-    --eval-batches 1 --sample-length 8 --final-sample-length 8)
-((dry)) && lm_args=(--gpu --dry-run --iterations 2)
-python3 -c "from experiments._char_lm_fixture import write_fixture as w; w('$fixture', speeches=400)"
-step char_lm 70 40 python3 -m experiments.char_lm "${lm_args[@]}" --data "$fixture" \
-    --methods bp bppsa bppsa-newton --out "$results" --name char_lm_gpu --overwrite --no-progress
-
-# 6. The Newton forward (H = 20, float32): iterations and fallbacks at T = 1k and 10k, the
+# 10. The Newton forward (H = 20, float32): iterations and fallbacks at T = 1k and 10k, the
 # forward against lax.scan and whole gradients (BP; Blelloch after the sequential and after the
 # Newton forward; bppsa's defaults, whose forward policy's choice, reason and Newton iterations
 # each row records) for the RNN and the GRU at T = 1k, 10k, 30k, B = 16 and 1.
@@ -175,7 +235,7 @@ newton_args=(--require-backend gpu --cases rnn-init rnn-trained gru-irmas --dtyp
 step newton 60 30 python3 -m benchmarks.newton "${newton_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
-# 6b. Quasi-Newton's forward on a dense autodiff GRU (the diagonals from its element-aligned
+# 10b. Quasi-Newton's forward on a dense autodiff GRU (the diagonals from its element-aligned
 # paths, O(H) per step beyond the cell) against lax.scan, T = 4096, B = 8, H = 256 and 1024.
 dense_args=(--require-backend gpu --cases --dense-quasi 256 4096 8 --dense-quasi 1024 4096 8
     --rounds 3)
@@ -183,7 +243,7 @@ dense_args=(--require-backend gpu --cases --dense-quasi 256 4096 8 --dense-quasi
 step dense_quasi 30 15 python3 -m benchmarks.newton "${dense_args[@]}" \
     --out "$results/newton_gpu.jsonl"
 
-# 7. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
+# 11. As time allows. Larger hidden sizes (RNN, H = 64, 256, 1024 at T = 1000, B = 1, 16, 256:
 # the dense scan does ~H times BP's arithmetic; where does it stop paying?), the most expensive
 # last; bppsa.Sharded on this device (P = 1: its path runs on a GPU); the pruned VGG-11.
 h_args=(--require-backend gpu --methods auto blelloch chunked --cells rnn --lengths --batches
@@ -202,7 +262,7 @@ vgg_args=(--paper --batches 1 16 --sparsities 0.97 0.99 --repeats 3
 step vgg11 90 60 python3 -m experiments.pruned_vgg11 benchmark "${vgg_args[@]}" \
     --out "$results" --name vgg11_gpu --overwrite --no-progress
 
-if [[ ! -s "$json" ]]; then
+if ((speed_ran)) && [[ ! -s "$json" ]]; then
     say "no results in ${json} (exit ${status})"
     exit $((status == 0 ? 1 : status))
 fi

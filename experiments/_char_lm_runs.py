@@ -163,18 +163,40 @@ def make_experiment(config: Config, corpus: text.TextCorpus) -> Experiment:
     return Experiment(config, corpus, model, task, config.optimizer(), prompt)
 
 
-def resolve(experiment: Experiment, method: bppsa.Method, forward: str) -> str:
-    """What ``method`` runs in the model's scans at this size, from the plans traced by one
-    abstract evaluation of the gradient (``Auto()`` as ``"Auto() -> <its choice>"``)."""
-    if not isinstance(method, bppsa.Auto):
-        return repr(method)
+def plans_of(experiment: Experiment, method: bppsa.Method, forward: str) -> list[bppsa.ScanPlan]:
+    """What the model's scans decide in one abstract evaluation of the gradient with
+    ``method`` and the forward named ``forward`` (nothing runs)."""
     task = experiment.task
     batch = next(iter(task.batches(0)))
     grad = bppsa.value_and_grad(task.loss, method=method, forward=parse_forward(forward))
     with bppsa.trace_plans() as plans:
         jax.eval_shape(grad, task.params, *batch)
+    return plans
+
+
+def resolve(experiment: Experiment, method: bppsa.Method, forward: str) -> str:
+    """What ``method`` runs in the model's scans at this size, from the plans traced by one
+    abstract evaluation of the gradient (``Auto()`` as ``"Auto() -> <its choice>"``)."""
+    if not isinstance(method, bppsa.Auto):
+        return repr(method)
+    plans = plans_of(experiment, method, forward)
     chosen = dict.fromkeys(repr(p.method if p.backward is None else p.backward) for p in plans)
     return f"{method!r} -> {' / '.join(chosen)}"
+
+
+def planned_forward(experiment: Experiment, name: str) -> dict[str, Any]:
+    """What the scans of run ``name`` run forward (one abstract evaluation of its gradient,
+    with this process's library and device): ``forward_plan``, e.g. ``"Fused()"`` where the
+    defaults pick the fused kernel on a GPU, ``"'sequential'"`` for ``lax.scan``, and
+    ``forward_because``, why, where the forward's policy chose it. Recorded in the summary,
+    not in the run's configuration: a resumed run's identity does not depend on it."""
+    method, forward = parse_run(name)
+    plans = plans_of(experiment, method, forward)
+    because = [p.forward_because for p in plans if p.forward_because]
+    return dict(
+        forward_plan=" / ".join(dict.fromkeys(repr(p.forward) for p in plans)),
+        forward_because=" / ".join(dict.fromkeys(because)) or None,
+    )
 
 
 def make_trainers(
@@ -295,7 +317,7 @@ def summarize(
             iterations_done=evals[-1]["iterations_done"] if evals else None,
             timings=timings(rows),
             sample=sample,
-        )
+        ) | planned_forward(experiment, name)
     base = methods.get(method_names.BASELINE, {}).get("timings", {}).get("step_s")
     for entry in methods.values():
         step = entry["timings"]["step_s"]
@@ -336,4 +358,5 @@ def summary_line(summary: Mapping[str, Any], run: str | pathlib.Path) -> dict[st
         val_bpc={name: m["val_bpc"] for name, m in methods.items()},
         max_relative_loss_difference=summary["max_relative_loss_difference"],
         resolved={name: m["resolved"] for name, m in methods.items()},
+        forward_plan={name: m["forward_plan"] for name, m in methods.items()},
     )

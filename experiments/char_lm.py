@@ -237,7 +237,8 @@ def _print_summary(logs: dict[str, list[dict[str, Any]]], summary: dict[str, Any
         speedup = "" if m["speedup"] is None else f" ({m['speedup']:.2f}x BP)"
         bpc = "-" if m["val_bpc"] is None else f"{m['val_bpc']:.4f}"
         print(
-            f"{name}: {m['resolved']}, forward {m['forward']}; median step {step}{speedup} over "
+            f"{name}: {m['resolved']}, forward {m['forward_plan'] or m['forward']}; median step "
+            f"{step}{speedup} over "
             f"{t['iterations'] - t['skipped']} iterations; validation bits per character {bpc} "
             f"after {m['iterations_done']} iterations"
         )

@@ -7,10 +7,11 @@ accelerators the fastest of BP, Blelloch and Chunked by its cost model, on CPUs 
 Jacobian-based sequential scan, or there plain back-propagation for large batches); the other
 names pick a method explicitly.
 
-The forward pass of the scans is chosen apart from the method: ``"sequential"`` (``lax.scan``,
-the default) or ``"newton"`` (``bppsa.Newton()``: Newton iterations on the whole trajectory,
-each a parallel scan). Only the BPPSA methods take it: ``bp`` is the reference, plain JAX
-through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
+The forward pass of the scans is chosen apart from the method: ``"sequential"`` (the library's
+default forward, ``bppsa.AutoForward``: ``lax.scan`` on a CPU, the fused kernel where it runs
+on a GPU; a run's plan records which) or ``"newton"`` (``bppsa.Newton()``: Newton iterations
+on the whole trajectory, each a parallel scan). Only the BPPSA methods take it: ``bp`` is the
+reference, plain JAX through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
 
 :func:`bind` fixes a method, a forward and a memory limit inside a loss, for a gradient taken
 apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback,
@@ -92,8 +93,8 @@ def forward_of(name: str, forward: str, forms: Sequence[str] = OVER_TIME) -> str
 
 
 def parse_forward(forward: str) -> bppsa.Newton | None:
-    """The forward object of a name of :data:`FORWARDS` (``None``: ``lax.scan``, the library's
-    default).
+    """The forward object of a name of :data:`FORWARDS` (``None``: the library's default
+    forward, ``lax.scan`` on a CPU, the fused kernel where it runs on a GPU).
 
     Raises:
         ValueError: for another name, listing the valid ones.

@@ -1,0 +1,221 @@
+"""The rows of ``benchmarks/fused.py`` built on this CPU at tiny sizes (the fused kernel in Pallas'
+interpreter): their fields, the fused values against ``lax.scan``'s, the cuDNN row up to the
+point where cuDNN's LSTM is needed, the compile grid with the envelope lifted, and the real
+run's grids as issue 43 asks for them. No timing is asserted beyond "it was measured"."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import rnn
+
+import bppsa
+from benchmarks import _fused_compile, _fused_envelope, fused
+from benchmarks._fused_rows import (
+    Case,
+    cudnn_row,
+    final_states,
+    forward_row,
+    grad_row,
+    lstm_params,
+    problem,
+)
+from bppsa.scan._core.fused import forward as fused_forward
+from paper_figures.result_files import JsonLines
+
+# float32: the kernel sums its products in another order than XLA's dot (<= 2e-7 measured over
+# 9 steps, tests/core/test_fused_forward.py); 1e-5 leaves a margin while a wrong gate or a
+# leaked padded lane (errors ~1e-1) fails. Gradients: bppsa's backward against BP's, the same.
+RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def highest_precision():
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+@pytest.mark.parametrize(("cell", "hidden", "inputs"), [("rnn", 20, 1), ("lstm", 20, 3),
+                                                         ("diagonal-gru", 8, 4)])  # fmt: skip
+def test_a_forward_row_times_each_forward_and_the_fused_values_agree(cell, hidden, inputs):
+    row = forward_row(Case(cell, hidden, 9, 2, inputs), rounds=1)
+    assert (row["part"], row["cell"], row["hidden"], row["length"]) == ("forward", cell, hidden, 9)
+    assert row["device_kind"] and row["platform"] == jax.default_backend()
+    assert row["fused_why_not"] is None and row["fused_forward"] == "Fused()"
+    assert row["fused_difference"] <= RTOL
+    for name in ("lax_scan", "fused", "default"):
+        assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] > 0, name
+        assert row[f"{name}_min_us_per_step"] == pytest.approx(1e3 * row[f"{name}_min_ms"] / 9)
+        assert row[f"{name}_compile_s"] > 0
+    assert row["fused_speedup_min"] == pytest.approx(row["lax_scan_min_ms"] / row["fused_min_ms"])
+    assert row["default_forward"] and row["default_method"]
+    if jax.default_backend() == "cpu":  # the default forward is lax.scan here: one program
+        assert row["default_forward"] == "'sequential'"
+
+
+def test_a_forward_row_outside_the_envelope_says_why_and_does_not_time_the_kernel(monkeypatch):
+    monkeypatch.setattr(fused_forward, "MAX_TILE", 16)
+    row = forward_row(Case("rnn", 20, 5, 2, 1), rounds=1)
+    assert "the kernel's envelope: 16" in row["fused_why_not"]
+    assert row["fused_forward"] == "'sequential'" and row["fused_difference"] is None
+    assert row["fused_ms"] is None and row["fused_speedup_min"] is None
+    assert row["lax_scan_ms"] > 0 and row["default_ms"] > 0
+
+
+def test_the_fused_forward_of_a_row_is_the_reference_forward():
+    case = Case("gru", 20, 7, 3, 2)
+    params, _, xs = problem(case)
+    fused_scan = functools.partial(bppsa.scan, forward="fused")
+    fused_states = jax.jit(lambda p, x: final_states(fused_scan, case, p, x))(params, xs)
+    reference = final_states(jax.lax.scan, case, params, xs)
+    assert fused_states.shape == (3, 20)
+    assert float(jnp.max(jnp.abs(fused_states - reference))) <= RTOL * float(
+        jnp.max(jnp.abs(reference))
+    )
+
+
+def test_a_grad_row_records_each_runs_plan_and_its_difference_from_bp():
+    row = grad_row(Case("gru", 20, 7, 2, 1), rounds=1)
+    for name in ("bp", "defaults", "fused_blelloch"):
+        assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] > 0, name
+    assert row["fused_blelloch_forward"] == "Fused()"
+    assert row["fused_blelloch_method"] == "Blelloch()"
+    assert row["defaults_forward"] and row["defaults_method"]
+    for name in ("defaults", "fused_blelloch"):
+        assert row[f"{name}_difference"] <= RTOL
+        assert row[f"{name}_speedup_min"] == pytest.approx(row["bp_min_ms"] / row[f"{name}_min_ms"])
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="cuDNN runs off the CPU")
+def test_a_cudnn_row_without_cudnn_says_so_and_still_times_bppsa():
+    row = cudnn_row(Case("lstm", 8, 5, 2, 3), rounds=1)
+    assert row["cudnn_status"].startswith("not available: ")
+    assert row["bppsa_ms"] > 0 and row["bppsa_forward"] and row["bppsa_method"]
+    assert row["cudnn_ms"] is None and row["bppsa_over_cudnn_min"] is None
+
+
+def test_cudnn_weights_become_the_librarys_lstm_parameters():
+    # JAX's own pure-JAX reference of cuDNN's LSTM, on the flat weights, against the library's
+    # LSTM on the unpacked ones: the gate order and the layout agree.
+    case = Case("lstm", 8, 6, 2, 3)
+    _, _, xs = problem(case)
+    weights = rnn.init_lstm_weight(jax.random.key(3), case.inputs, case.hidden, 1, False)
+    unpacked = rnn.unpack_lstm_weights(weights, case.inputs, case.hidden, 1, False)
+    zeros = jnp.zeros((1, case.batch, case.hidden))
+    lengths = jnp.full((case.batch,), case.length, jnp.int32)
+    _, h, _ = rnn.lstm_ref(xs, zeros, zeros, *unpacked, lengths, case.inputs, case.hidden, 1,
+                           0.0, False)  # fmt: skip
+    ours = final_states(jax.lax.scan, case, lstm_params(weights, case), xs)
+    assert float(jnp.max(jnp.abs(ours - h[0]))) <= RTOL
+
+
+def test_the_compile_grid_lifts_the_envelope_and_counts_it(monkeypatch):
+    row = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
+    assert row["status"] == "compiled" and row["envelope_lifted"]
+    assert row["library_why_not"] is None and row["why_not"] is None
+    assert row["compile_s"] > 0 and row["difference"] <= RTOL
+    # W_hh's three gate blocks: (32, 32) products after padding, three of them kept loaded.
+    assert row["tile"] == 32 * 32 and row["resident"] >= 3 * 32 * 32
+    assert row["library_envelope"] == _fused_envelope.limits()
+    monkeypatch.setattr(fused_forward, "MAX_RESIDENT", row["resident"] - 1)
+    outside = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
+    assert "constants and carry hold" in outside["library_why_not"]
+    assert outside["status"] == "compiled" and outside["why_not"] is None  # lifted
+    assert row["resident"] - 1 == fused_forward.MAX_RESIDENT  # restored after the grid
+
+
+def test_the_envelope_module_still_reads_the_library():
+    # It reads internals: when they move, this fails loudly (the benchmark falls back).
+    limits = _fused_envelope.limits()
+    assert isinstance(limits["MAX_TILE"], int) and isinstance(limits["MAX_RESIDENT"], int)
+    body = lambda h, x: (jnp.tanh(jnp.ones((20, 20)) @ h + x), None)
+    assert _fused_envelope.sizes(body, jnp.zeros(20), jnp.ones((4, 20))) == {
+        "tile": 32 * 32,
+        "resident": 32 * 32 + 32,
+    }
+
+
+def _point(cell, hidden, status, compile_s=1.0, tile=1, resident=1):
+    return {"part": "compile", "cell": cell, "hidden": hidden, "status": status,
+            "compile_s": compile_s, "tile": tile, "resident": resident}  # fmt: skip
+
+
+def test_a_cell_stops_at_its_first_failure_and_the_summary_reads_the_largest_compiled():
+    rows = [
+        {"part": "compile", "cell": "rnn", "hidden": 16, "event": "started"},
+        _point("rnn", 16, "compiled", tile=256, resident=300),
+        _point("gru", 16, "compiled", compile_s=99.0, tile=256, resident=800),
+        _point("rnn", 64, "compiled", tile=4096, resident=4200),
+        _point("rnn", 128, "failed", tile=16384, resident=16500),
+        _point("lstm", 16, "not fused"),
+    ]
+    assert _fused_compile.stopped(rows) == {
+        "gru": "H = 16 compiled in 99 s",
+        "rnn": "H = 128 failed",
+    }
+    summary = _fused_compile.summary(rows)
+    assert summary["cells"]["rnn"]["largest_compiled"]["hidden"] == 64
+    assert summary["cells"]["rnn"]["smallest_failed"]["hidden"] == 128
+    assert summary["cells"]["lstm"]["largest_compiled"] is None
+    assert (summary["largest_tile_compiled"], summary["smallest_tile_failed"]) == (4096, 16384)
+    assert any(line.startswith("rnn ") for line in _fused_compile.report(rows))
+
+
+def test_a_rerun_records_the_case_a_crash_ended_and_skips_it(tmp_path):
+    log = JsonLines(tmp_path / "fused.jsonl")
+    (case,) = fused.plan("cudnn", dry_run=True)
+    log.append({"part": "cudnn", **case.fields(), "event": fused.STARTED})
+    rows = fused.run_part("cudnn", log, rounds=1, dry_run=True, deadline=None)
+    assert [r["status"] for r in rows] == ["crashed"]
+    assert fused.run_part("cudnn", log, rounds=1, dry_run=True, deadline=None) == rows
+    assert "crashed" in fused.describe(rows[0])
+
+
+def test_without_the_backend_asked_for_nothing_is_measured(tmp_path, capsys):
+    out = tmp_path / "fused.jsonl"
+    assert fused.main(["--require-backend", "no-such-backend", "--out", str(out)]) == 2
+    assert "needs JAX's 'no-such-backend' backend" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_real_grids_are_issue_43s():
+    forward = fused.plan("forward")
+    paper = [c for c in forward if c.cell != "diagonal-gru"]
+    assert {(c.cell, c.length) for c in paper} == {
+        (cell, t) for cell in ("rnn", "gru", "lstm") for t in (1_000, 10_000, 30_000)
+    }
+    assert all((c.hidden, c.batch) == (20, 16) for c in paper)
+    assert [c.length for c in forward[:3]] == [10_000] * 3  # the target row first
+    wide = [(c.hidden, c.length, c.batch) for c in forward if c.cell == "diagonal-gru"]
+    assert wide == [(1024, 4096, 8), (4096, 4096, 8)]
+    grads = {(c.cell, c.hidden, c.length, c.batch) for c in fused.plan("grad")}
+    assert grads == {(c, 20, t, 16) for c in ("rnn", "gru") for t in (10_000, 30_000)}
+    cudnn = {(c.cell, c.hidden, c.length, c.batch) for c in fused.plan("cudnn")}
+    assert cudnn == {("lstm", h, t, 16) for h in (20, 128) for t in (1_000, 10_000)}
+    grid = fused.plan("compile")
+    assert {c.cell for c in grid} == {"rnn", "gru", "lstm", "diagonal-gru"}
+    assert sorted({c.hidden for c in grid}) == sorted([2**k for k in range(4, 13)] + [20, 100])
+    assert [c.hidden for c in grid] == sorted(c.hidden for c in grid)  # smallest first
+
+
+def test_the_language_models_defaults_pick_the_fused_forward_on_a_gpu(tmp_path):
+    from experiments import _char_lm_runs as runs
+    from experiments import char_lm
+    from experiments._char_lm_fixture import write_fixture
+
+    write_fixture(tmp_path, speeches=50)
+    parser = char_lm._parser()
+    args = parser.parse_args(["--gpu", "--dry-run", "--length", "256", "--batch", "2",
+                              "--eval-batches", "1", "--data", str(tmp_path)])  # fmt: skip
+    experiment = runs.make_experiment(char_lm._config(parser, args), runs.load_corpus(tmp_path))
+    bppsa.set_profile("cpu", bppsa.get_profile("gpu"))
+    try:
+        on_gpu = runs.planned_forward(experiment, "bppsa")
+    finally:
+        bppsa.set_profile("cpu", None)
+    assert on_gpu["forward_plan"] == "Fused()", on_gpu
+    assert on_gpu["forward_because"].startswith("predicted: the fused kernel")
+    here = runs.planned_forward(experiment, "bppsa")
+    assert here["forward_plan"] == "'sequential'"  # the CPU's defaults: lax.scan
+    assert runs.planned_forward(experiment, "bp")["forward_plan"] == "'sequential'"
