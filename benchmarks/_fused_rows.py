@@ -225,14 +225,19 @@ def forward_row(case: Case, rounds: int) -> dict[str, Any]:
 
 def gradient_fns(case: Case) -> dict[str, Callable]:
     """``value_and_grad`` of :func:`loss` with respect to the parameters: ``bp`` (JAX through
-    ``lax.scan``), ``defaults`` (``bppsa.value_and_grad`` with no options) and
-    ``fused_blelloch`` (``forward="fused"``, ``method=bppsa.Blelloch()``)."""
+    ``lax.scan``), ``defaults`` (``bppsa.value_and_grad`` with no options),
+    ``fused_blelloch`` (``forward="fused"``, ``method=bppsa.Blelloch()``) and
+    ``fused_sequential`` (``forward="fused"``, ``method=bppsa.FusedSequential()``: both loops
+    in one kernel each, the sequential baseline)."""
     through_bppsa = functools.partial(loss, bppsa.scan, case)
     return {
         "bp": jax.value_and_grad(functools.partial(loss, jax.lax.scan, case)),
         "defaults": bppsa.value_and_grad(through_bppsa),
         "fused_blelloch": bppsa.value_and_grad(
             through_bppsa, method=bppsa.Blelloch(), forward="fused"
+        ),
+        "fused_sequential": bppsa.value_and_grad(
+            through_bppsa, method=bppsa.FusedSequential(), forward="fused"
         ),
     }
 

@@ -152,7 +152,9 @@ def describe(row: dict[str, Any]) -> str:
             f"{head} BP {_ms(row['bp_min_ms'])} ms | defaults {_ms(row['defaults_min_ms'])} ms "
             f"{_x(row['defaults_speedup_min'])} ({row['defaults_forward']}, "
             f"{row['defaults_method']}) | fused+Blelloch {_ms(row['fused_blelloch_min_ms'])} "
-            f"ms {_x(row['fused_blelloch_speedup_min'])} ({row['fused_blelloch_forward']})"
+            f"ms {_x(row['fused_blelloch_speedup_min'])} ({row['fused_blelloch_forward']}) | "
+            f"fused both ways {_ms(row['fused_sequential_min_ms'])} ms "
+            f"{_x(row['fused_sequential_speedup_min'])}"
         )
     if part == "cudnn":
         return (

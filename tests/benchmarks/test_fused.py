@@ -77,9 +77,11 @@ def test_the_fused_forward_of_a_row_is_the_reference_forward():
 
 def test_a_grad_row_records_each_runs_plan_and_its_difference_from_bp():
     row = grad_row(Case("gru", 20, 7, 2, 1), rounds=1)
-    for name in ("bp", "defaults", "fused_blelloch"):
+    for name in ("bp", "defaults", "fused_blelloch", "fused_sequential"):
         assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] > 0, name
     assert row["fused_blelloch_forward"] == "Fused()"
+    assert row["fused_sequential_method"] == "FusedSequential()"
+    assert row["fused_sequential_difference"] < 1e-5
     assert row["fused_blelloch_method"] == "Blelloch()"
     assert row["defaults_forward"] and row["defaults_method"]
     for name in ("defaults", "fused_blelloch"):
