@@ -32,7 +32,7 @@ def test_auto_forward_decisions_are_pinned():
     for length in (1000, 10_000, 30_000):
         assert auto.choose(length, 20, "gpu", batch=16) == bppsa.Fused(), length
         fp = footprint_of(length, 20, 16)
-        assert budget(fp, GPU, BLELLOCH, True, cost.fused_forward(fp, GPU)) == 0
+        assert budget(fp, GPU, BLELLOCH, shared=True, best=cost.fused_forward(fp, GPU)) == 0
 
     # Without it: Newton bounded by the budget on the paper's small cells over long sequences.
     def no_fused(length, size=20):
@@ -236,3 +236,33 @@ def test_an_explicit_fused_forward_that_cannot_run_is_lax_scan_with_its_reason()
     assert plans[0].method == bppsa.Sequential()  # plain lax.scan: no Jacobians
     ref = jax.lax.scan(body, jnp.zeros(3), xs)
     assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(ref)))
+
+
+def test_the_policy_s_queries_by_value():
+    """choose() and predictions() answer for the footprint they are given, on the backend's
+    profile: a structured cell's maps, the batch, and the bound by default."""
+    bppsa.set_profile("bppsa-test-no-fused", NO_FUSED)
+    try:
+        auto = bppsa.AutoForward()
+        assert repr(auto) == "'auto'"
+        diagonal = dict(element=1024, width=1)
+        for fp, asked in (
+            (footprint_of(4096, 1024, 8, 1024, 1), dict(batch=8, **diagonal)),
+            (footprint_of(30_000, 20, 1), {}),  # the default batch: one example
+            (footprint_of(4096, 1024, 8), dict(batch=8)),  # dense: lax.scan
+        ):
+            expected = auto.forward_for(fp, BLELLOCH, BLELLOCH, NO_FUSED)[0]
+            assert auto.choose(fp.length, fp.size, "bppsa-test-no-fused", **asked) == expected
+        assert isinstance(auto.choose(4096, 1024, "bppsa-test-no-fused", batch=8, **diagonal),
+                          bppsa.Newton)  # fmt: skip
+        fp = footprint_of(30_000, 20, 16)
+        k = budget(fp, GPU, BLELLOCH, shared=True)
+        predicted = auto.predictions(30_000, 20, "gpu", batch=16)
+        assert predicted[bppsa.Newton()] == cost.newton_forward(fp, k, BLELLOCH, True).seconds(GPU)
+        assert predicted[SequentialForward()] == cost.sequential_forward(fp).seconds(GPU)
+    finally:
+        bppsa.set_profile("bppsa-test-no-fused", None)
+    # Where the final evaluation alone costs more than lax.scan: no iteration pays.
+    dense = footprint_of(4096, 1024, 8)
+    assert break_even(dense, GPU, BLELLOCH, shared=False) == 0
+    assert budget(dense, GPU, BLELLOCH, shared=False) == 0

@@ -62,35 +62,27 @@ def _seconds(fp: Footprint, profile: Profile, solver: Method, shared: bool):
     return sequential, final, iteration
 
 
-def break_even(fp: Footprint, profile: Profile, solver: Method, shared: bool = False) -> int:
+def break_even(fp: Footprint, profile: Profile, solver: Method, *, shared: bool) -> int:
     """The most Newton iterations that, with the final evaluation, the cost model predicts
     faster than ``lax.scan`` for a scan of footprint ``fp`` on ``profile`` with ``solver``
     (``0``: none); ``shared``: the backward takes the final evaluation's Jacobians, so that
-    evaluation is free (see :func:`bppsa.scan._core.cost.newton_forward`)."""
+    evaluation is free (see :func:`bppsa.scan._core.cost.newton_forward`). An iteration costs
+    at least one dependent step, so it is never free."""
     sequential, final, iteration = _seconds(fp, profile, solver, shared)
-    if iteration <= 0:
-        return 0
     return max(math.floor((sequential - final) / iteration), 0)
 
 
 def budget(
-    fp: Footprint,
-    profile: Profile,
-    solver: Method,
-    shared: bool = False,
-    best: float | None = None,
+    fp: Footprint, profile: Profile, solver: Method, *, shared: bool, best: float | None = None
 ) -> int:
     """The iteration bound of the forward's policy: the most iterations whose predicted cost,
     with the final evaluation and a ``lax.scan`` of all steps after them (a run that stops
     there and finishes sequentially), stays within ``1 + OVERRUN`` times the best sequential
-    forward's (``best`` seconds; ``None``: ``lax.scan``'s, then within ``OVERRUN`` times
-    ``lax.scan``), and never above :func:`break_even`."""
+    forward's (``best`` seconds, at most ``lax.scan``'s; ``None``: ``lax.scan``'s, then within
+    ``OVERRUN`` times ``lax.scan``). Below :func:`break_even`, since ``OVERRUN < 1``."""
     sequential, final, iteration = _seconds(fp, profile, solver, shared)
-    if iteration <= 0:
-        return 0
-    best = sequential if best is None else best
-    bound = math.floor(((1 + OVERRUN) * best - sequential - final) / iteration)
-    return max(min(bound, break_even(fp, profile, solver, shared)), 0)
+    best = sequential if best is None else min(best, sequential)
+    return max(math.floor(((1 + OVERRUN) * best - sequential - final) / iteration), 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +130,15 @@ class AutoForward:
         if solver is None:
             return best, f"{name}: no solver of the Newton iterations fits the memory limit"
         shared = method.supports.forward_jacobians
-        bound = budget(fp, profile, solver, shared, best_seconds)
+        bound = budget(fp, profile, solver, shared=shared, best=best_seconds)
         if bound < MIN_ITERATIONS:
             return best, (
                 f"predicted: {name}; {MIN_ITERATIONS} Newton iterations and a lax.scan after "
                 f"them cost more than {1 + OVERRUN:g}x it over {fp.length} steps"
             )
         why = (
-            f"predicted: Newton pays up to {break_even(fp, profile, solver, shared)} iterations; "
+            f"predicted: Newton pays up to {break_even(fp, profile, solver, shared=shared)} "
+            f"iterations; "
             f"bounded at {bound}, so that a run that does not converge (then finished "
             f"sequentially, certified) costs at most {1 + OVERRUN:g}x {name}"
         )
@@ -188,7 +181,7 @@ class AutoForward:
         profile = profile_of(backend)
         method = Auto().scan_method(fp, math.inf, profile=profile, jacobians=True)
         shared = method.supports.forward_jacobians
-        k = budget(fp, profile, method, shared) if iterations is None else iterations
+        k = budget(fp, profile, method, shared=shared) if iterations is None else iterations
         return {
             SEQUENTIAL: cost.sequential_forward(fp).seconds(profile),
             Newton(): cost.newton_forward(fp, k, method, shared).seconds(profile),
