@@ -115,6 +115,7 @@ class _ScanModule(_types.ModuleType):
     CostModel = CostModel
     Dense = Dense
     Diagonal = Diagonal
+    FusedSequential = FusedSequential
     MapStack = MapStack
     MeasuredRules = MeasuredRules
     Method = Method

@@ -169,9 +169,15 @@ def test_a_users_layer_declares_its_jacobian_as_a_cell_does(x64):
         built.append(x.shape)
         return scale_map(params, x)
 
-    @transposed_jacobian(scale_jacobian_t)
+    @transposed_jacobian(scale_jacobian_t, of="layer")
     def scale(params, x):
         return x * params["scale"]
+
+    declared_a_cell = transposed_jacobian(scale_jacobian_t)(lambda params, x: x)
+    with pytest.raises(TypeError, match=r"declared a cell by transposed_jacobian.*of='layer'"):
+        declared_a_cell({"scale": jnp.ones(2)}, jnp.ones(2))
+    with pytest.raises(ValueError, match="of must be 'cell' or 'layer'"):
+        transposed_jacobian(scale_jacobian_t, of="step")
 
     chain, params, x, loss, expected = scale_chain(scale)
     for method in SCAN_METHODS:

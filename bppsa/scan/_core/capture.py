@@ -58,8 +58,9 @@ def recording() -> Iterator[list[CellCall]]:
         _calls.reset(token)
 
 
-def transposed_jacobian(builder: Callable[..., MapStack]):
-    """Attaches an analytic transposed Jacobian to a cell, for :func:`bppsa.scan` to use.
+def transposed_jacobian(builder: Callable[..., MapStack], *, of: str = "cell"):
+    """Attaches an analytic transposed Jacobian to a cell (``of="cell"``, the default) or to a
+    layer of a chain (``of="layer"``), for :func:`bppsa.scan` and ``Chain.apply`` to use.
 
     Decorate a cell ``cell(params, state, x, **options) -> new_state`` (``new_state`` with the
     structure of ``state``). Wherever a scan's body IS one call of the cell (the body hands the
@@ -142,21 +143,38 @@ def transposed_jacobian(builder: Callable[..., MapStack]):
         ``GRUCell(x, h)``) is wrapped in a function of ``(params, h, x)``.
 
         A layer of a :class:`bppsa.models.Chain` written as a function ``layer(params, x)`` of
-        a batch declares its transposed Jacobian the same way: ``builder(params, x)`` returns
-        the ``J^T`` of the batch at its input ``x`` (e.g. a :class:`bppsa.scan.Dense` of shape
-        ``(1, B, n_in, n_out)``); without one, the chain's backward builds it by autodiff. It is
-        one protocol for cells and layers: a ``transposed_jacobian`` builder that takes the
-        call's own arguments, which is also what the layer types of :mod:`bppsa.models` define
+        a batch declares its transposed Jacobian with ``of="layer"``: ``builder(params, x)``
+        returns the ``J^T`` of the batch at its input ``x`` (e.g. a :class:`bppsa.scan.Dense`
+        of shape ``(1, B, n_in, n_out)``); without one, the chain's backward builds it by
+        autodiff. It is one protocol for cells and layers, with two named calling conventions
+        (``of``): a ``transposed_jacobian`` builder that takes the call's own arguments, which
+        is also what the layer types of :mod:`bppsa.models` define
         (:meth:`bppsa.models.Layer.transposed_jacobian`, ``(params, x, mask)``).
     """
+
+    if of not in ("cell", "layer"):
+        raise ValueError(f"transposed_jacobian: of must be 'cell' or 'layer', got {of!r}.")
 
     def decorate(cell):
         name = getattr(cell, "__name__", repr(cell))
 
+        if of == "layer":  # layer(params, x): no carry to match; the chain reads the builder
+
+            @functools.wraps(cell)
+            def layer(params, *args, **options):
+                return cell(params, *args, **options)
+
+            layer.transposed_jacobian = builder
+            return layer
+
         @functools.wraps(cell)
         def wrapped(params, *args, **options):
-            if len(args) != 2:  # a layer of a Chain, layer(params, x): no carry to match
-                return cell(params, *args, **options)
+            if len(args) != 2:
+                raise TypeError(
+                    f"{name} is declared a cell by transposed_jacobian: call it as "
+                    f"{name}(params, state, x); got {len(args) + 1} positional arguments (a "
+                    "layer's builder is declared with transposed_jacobian(builder, of='layer'))."
+                )
             state, x = args
             new_state = cell(params, state, x, **options)
             calls = _calls.get()

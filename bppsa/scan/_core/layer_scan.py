@@ -27,7 +27,7 @@ where pruning does not thin it), its ``forward`` and its ``shapes``: the layers 
 Jacobians with the core this way (:class:`bppsa.models.Chain`), never the other way round.
 
 The chain's memory guard (:func:`guard`) runs between 1 and 2, at trace time: the products
-the method's scan would form (its :attr:`~bppsa.scan._core.methods.base.Method.levels`) are
+the method's scan would form (:func:`~bppsa.scan._core.methods.base.chain_levels`) are
 known from the static patterns, so a scan that would not fit raises
 :class:`bppsa.MemoryLimitError` (listing the levels that would fit) before anything runs.
 """
@@ -47,9 +47,9 @@ from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.decision import Decision, decide_chain
 from bppsa.scan._core.linear import differentiable
 from bppsa.scan._core.memory import MemoryLimitError, human
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, chain_levels
 from bppsa.scan._core.methods.blelloch import Blelloch
-from bppsa.scan._core.methods.policy import ChainWork, Policy, as_policy, bytes_allowed
+from bppsa.scan._core.methods.policy import ChainWork, Policy, as_policy, memory_guard
 from bppsa.scan._core.methods.resolve import resolve
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.profiles import profile_of
@@ -133,7 +133,7 @@ def estimate_memory(
     if not method.uses_jacobians:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
-    return _footprint_bytes(maps, inputs, method.levels)
+    return _footprint_bytes(maps, inputs, chain_levels(method))
 
 
 def _differentiable(chain, static_masks, decision: Decision, plan):
@@ -294,21 +294,25 @@ def _itemsize(x) -> int:
 
 
 def guard(method: Method, requested, maps: list, inputs: list, limit: float | None) -> None:
-    """The memory guard of a chain's backward: the layers' inputs kept, their transposed
+    """The memory guard of a chain's backward (:func:`~bppsa.scan._core.methods.policy.
+    memory_guard`, the one of scans over time too): the layers' inputs kept, their transposed
     Jacobians (``None`` for an identity) and the products ``method``'s scan forms, against
     ``limit`` bytes (``None``: the default device's available memory).
 
     Raises:
         MemoryLimitError: naming ``requested`` and listing the levels that fit.
     """
-    need, limit_bytes = _footprint_bytes(maps, inputs, method.levels), bytes_allowed(limit)
-    if need > limit_bytes:
-        raise _memory_error(requested, method, need, limit, limit_bytes, maps, inputs)
+    need = _footprint_bytes(maps, inputs, chain_levels(method))
+
+    def error(limit_bytes):
+        return _memory_error(requested, method, need, limit, limit_bytes, maps, inputs)
+
+    memory_guard(method, need, limit, error)
 
 
 def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> MemoryLimitError:
     fits = []
-    for levels in _fewer_levels(method.levels, maps):
+    for levels in _fewer_levels(chain_levels(method), maps):
         b = _footprint_bytes(maps, inputs, levels)
         if b <= limit_bytes:
             fits.append((SequentialScan() if levels == 0 else Blelloch(levels=levels), b))
@@ -329,7 +333,7 @@ def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> 
 
 def _describe(method: Method) -> str:
     """A few words for messages: what ``method``'s scan over the layers does."""
-    levels = method.levels
+    levels = chain_levels(method)
     if levels == 0:
         return "sequential sparse chain"
     return "all parallel levels" if levels is None else f"{levels} parallel levels"

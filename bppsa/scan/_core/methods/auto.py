@@ -16,13 +16,12 @@ import math
 from typing import ClassVar
 
 from bppsa.scan._core import cost
-from bppsa.scan._core.memory import keeps_structure
+from bppsa.scan._core.memory import MemoryLimitError, keeps_structure
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
-from bppsa.scan._core.methods.fallbacks import fallbacks
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.profiles import profile_of
@@ -109,12 +108,12 @@ class Choosing(policy.Policy):
             jacobians,
         )
         if chosen.uses_jacobians and (limit is None or limit < math.inf):
-            need, limit_bytes = chosen.memory(fp), policy.bytes_allowed(limit)
-            if need > limit_bytes:
-                options = policy.lower_memory(fallbacks(profile), fp, need, limit_bytes)
-                if not options:
-                    raise policy.memory_error(self, chosen, need, limit, limit_bytes, fp, profile)
-                return options[0][0]
+            try:
+                return policy.guard(chosen, fp, limit, self, profile=profile)
+            except MemoryLimitError as err:
+                if not err.alternatives:
+                    raise
+                return err.alternatives[0][0]
         return chosen
 
     def chain_method(self, work, *, profile):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from jax import Array
@@ -100,12 +101,6 @@ class Method(abc.ABC):
         """Predicted dependent steps, arithmetic and bytes of the backward of a scan of
         footprint ``fp`` (:mod:`bppsa.scan._core.cost`)."""
 
-    @property
-    def levels(self) -> int | None:
-        """The parallel up-sweep levels its scan over a chain of layers forms (``None``: all of
-        them; ``0``: none), by which the memory guard of a chain counts the products formed."""
-        return None
-
     def backward(
         self,
         problem: Problem,
@@ -152,6 +147,16 @@ class Method(abc.ABC):
         transposed maps from the last step to the first, with ``h_0`` in place of ``g_T``.
         """
         return self.scan(h_first, jac_t.transpose().flip(), offsets[::-1])[::-1]
+
+
+@functools.singledispatch
+def chain_levels(method: Method) -> int | None:
+    """The parallel up-sweep levels ``method``'s scan over a chain of layers forms (``None``: all
+    of them; ``0``: none), by which the memory guard of a chain counts the products formed: a
+    query of the chain capability (``supports.layers``), registered beside each method that has
+    it (:class:`~bppsa.scan._core.methods.blelloch.Blelloch`,
+    :class:`~bppsa.scan._core.methods.sequential_scan.SequentialScan`)."""
+    return None
 
 
 def require(method: Method, feature: str, *, leaves=()) -> None:

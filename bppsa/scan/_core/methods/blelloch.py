@@ -8,7 +8,7 @@ from typing import ClassVar
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import BLELLOCH_DENSE
-from bppsa.scan._core.methods.base import Method, Supports
+from bppsa.scan._core.methods.base import Method, Supports, chain_levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,3 +43,8 @@ class Blelloch(Method):
 
     def cost(self, fp):
         return cost.plus(cost.jacobians(fp, fp.length), cost.blelloch_scan(fp, fp.length))
+
+
+@chain_levels.register
+def _(method: Blelloch) -> int | None:
+    return method.levels

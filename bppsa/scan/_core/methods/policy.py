@@ -114,21 +114,39 @@ def as_policy(requested: Method | Policy) -> Policy:
     return requested if isinstance(requested, Policy) else Fixed(requested)
 
 
+def memory_guard(
+    method: Method, need: int, limit: float | None, error: Callable[[float], MemoryLimitError]
+) -> Method:
+    """The one memory guard of every backward, over time steps and over layers: ``method``
+    itself if its ``need`` bytes fit ``limit`` (``None``: the default device's available
+    memory).
+
+    Raises:
+        MemoryLimitError: ``error(limit_bytes)``, where it does not fit (the error of the
+            assembly, listing what does fit).
+    """
+    limit_bytes = bytes_allowed(limit)
+    if need <= limit_bytes:
+        return method
+    raise error(limit_bytes)
+
+
 def guard(
     method: Method, fp: Footprint, limit: float | None, requested=None, *, profile: Profile
 ) -> Method:
-    """The memory guard of every backward over time steps: ``method`` itself if its
-    :meth:`~bppsa.scan._core.methods.base.Method.memory` for ``fp`` fits ``limit`` bytes
-    (``None``: the default device's available memory).
+    """The memory guard of a backward over time steps (:func:`memory_guard`): ``method`` itself
+    if its :meth:`~bppsa.scan._core.methods.base.Method.memory` for ``fp`` fits ``limit``.
 
     Raises:
         MemoryLimitError: it does not fit; the error lists the lower-memory methods that do
             (in blocks of ``profile``'s fallback block).
     """
-    need, limit_bytes = method.memory(fp), bytes_allowed(limit)
-    if need <= limit_bytes:
-        return method
-    raise memory_error(requested or method, method, need, limit, limit_bytes, fp, profile)
+    need = method.memory(fp)
+
+    def error(limit_bytes):
+        return memory_error(requested or method, method, need, limit, limit_bytes, fp, profile)
+
+    return memory_guard(method, need, limit, error)
 
 
 def bytes_allowed(limit: float | None) -> float:

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from bppsa.scan import _algorithms
 from bppsa.scan._core import cost
-from bppsa.scan._core.methods.base import Method, Supports
+from bppsa.scan._core.methods.base import Method, Supports, chain_levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +24,6 @@ class SequentialScan(Method):
     name: ClassVar[str] = "sequential-scan"
     supports: ClassVar[Supports] = Supports(layers=True)
 
-    @property
-    def levels(self) -> int:
-        return 0
-
     def scan(self, g_last, maps, offsets):
         return _algorithms.sequential(g_last, maps, offsets)
 
@@ -36,3 +32,8 @@ class SequentialScan(Method):
 
     def cost(self, fp):
         return cost.plus(cost.jacobians(fp, fp.length), cost.sequential_scan(fp, fp.length))
+
+
+@chain_levels.register
+def _(method: SequentialScan) -> int:
+    return 0  # the sequential chain: no parallel level
