@@ -38,7 +38,7 @@ from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.split import Split, split_step
+from bppsa.scan._core.fused.split import Split, residuals, split_step
 
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout
@@ -195,26 +195,6 @@ def _folded(reverse_step, g, x, k):
     return folded
 
 
-def _evaluate(split: Split, constants, per_step_inputs, length: int):
-    """The values of ``split``'s constant and per-step residuals (``(T, ...)`` each) given its
-    constant inputs and its ``x`` inputs for all steps."""
-    jaxpr = split.jaxpr.jaxpr
-    nc, nx = split.num_carry, split.num_x
-    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
-    env.update(zip(jaxpr.invars[nc + nx :], constants))
-    run_equations(split.constant, env)
-    x_vars = jaxpr.invars[nc : nc + nx]
-
-    def per_step(x):
-        local = dict(env)
-        local.update(zip(x_vars, x))
-        run_equations(split.per_step, local)
-        return [local[v] for v in split.step_residuals]
-
-    steps = jax.vmap(per_step, axis_size=length)(per_step_inputs) if split.step_residuals else []
-    return [env[v] for v in split.constant_residuals], steps
-
-
 def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warps):
     """``[g_0 .. g_{T-1}]`` leaves by the kernel."""
     return carries_after(
@@ -280,13 +260,13 @@ def carry_cotangents(
     step, reverse = made.step, made.reverse
     length = jax.tree.leaves(carries_before)[0].shape[0]
     before = jax.tree.leaves(carries_before)
-    k_step, s_step = _evaluate(step, list(consts), jax.tree.leaves(xs), length)
+    _, _, k_step, s_step = residuals(step, list(consts), jax.tree.leaves(xs), length)
     inputs = [*before, *s_step]
     if offsets is not None:
         inputs += layout.float_leaves(layout.unpack(offsets, carries_before, stacked=True))
     g_end = layout.float_leaves(layout.unpack(g_last, jax.tree.map(lambda a: a[0], carries_before)))
     g_end = [g.astype(v.aval.dtype) for g, v in zip(g_end, reverse.carry_in)]
-    constants, steps = _evaluate(reverse, k_step, inputs, length)
+    _, _, constants, steps = residuals(reverse, k_step, inputs, length)
 
     def scanned(g, k, s):
         return _scanned(reverse, length, g, k, s)

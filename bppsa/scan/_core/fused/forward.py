@@ -27,7 +27,7 @@ from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.split import Split, split_step
+from bppsa.scan._core.fused.split import Split, residuals, split_step
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
@@ -165,27 +165,14 @@ def _unsupported(split: Split) -> str | None:
 def _run(plan: _Plan, length, consts, init, xs, keep, interpret, forward: Fused):
     """The fused forward, as :class:`Forward` returns it."""
     split = plan.split
-    jaxpr = split.jaxpr.jaxpr
-    nc, nx = split.num_carry, split.num_x
     carry_leaves, carry_tree = jax.tree.flatten(init)
     x_leaves = jax.tree.leaves(xs)
-    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
-    env.update(zip(jaxpr.invars[nc + nx :], consts))
-    run_equations(split.constant, env)
-    x_vars = jaxpr.invars[nc : nc + nx]
-
-    def per_step(x):
-        local = dict(env)
-        local.update(zip(x_vars, x))
-        run_equations(split.per_step, local)
-        return [local[v] for v in split.step_residuals]
-
-    steps = jax.vmap(per_step)(x_leaves) if split.step_residuals else []
+    env, x_vars, constant_values, steps = residuals(split, consts, x_leaves, length)
     after = carries_after(
         split,
         length,
         carry_leaves,
-        [env[v] for v in split.constant_residuals],
+        constant_values,
         steps,
         interpret=interpret,
         num_warps=forward.num_warps,

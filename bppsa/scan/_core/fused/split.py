@@ -19,9 +19,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 from jax.extend.core import ClosedJaxpr, Literal
 
-from bppsa.scan._core.fused.jaxprs import flat_jaxpr
+from bppsa.scan._core.fused.jaxprs import flat_jaxpr, run_equations
 from bppsa.scan._core.fused.slices import push_slices
 
 
@@ -107,3 +108,25 @@ def split_step(step: Callable, carry: Sequence[Any], x: Sequence[Any], consts: S
         constant_residuals=tuple(v for v in residuals if v not in on_x),
         step_residuals=tuple(v for v in residuals if v in on_x),
     )
+
+
+def residuals(split: Split, constants: Sequence, x_leaves: Sequence, length: int):
+    """What the loop reads of ``split``'s constant and per-step parts, given its constant
+    inputs and its ``x`` inputs for all steps: ``(env, x_vars, constant_values, step_values)``,
+    ``env`` the values of the constant part's variables, ``x_vars`` the step's ``x``
+    variables, and the per-step residuals ``(T, ...)`` evaluated for all steps at once."""
+    jaxpr = split.jaxpr.jaxpr
+    nc, nx = split.num_carry, split.num_x
+    env = dict(zip(jaxpr.constvars, split.jaxpr.consts))
+    env.update(zip(jaxpr.invars[nc + nx :], constants))
+    run_equations(split.constant, env)
+    x_vars = jaxpr.invars[nc : nc + nx]
+
+    def per_step(x):
+        local = dict(env)
+        local.update(zip(x_vars, x))
+        run_equations(split.per_step, local)
+        return [local[v] for v in split.step_residuals]
+
+    steps = jax.vmap(per_step, axis_size=length)(list(x_leaves)) if split.step_residuals else []
+    return env, x_vars, [env[v] for v in split.constant_residuals], steps

@@ -89,20 +89,7 @@ class Sharded(Method):
     supports: ClassVar[Supports] = Supports(whole_batch=False, forward_jacobians=False)
 
     def __post_init__(self):
-        if self.mesh is None:
-            if not isinstance(self.axis_name, str):
-                raise TypeError(f"Sharded: axis_name must be a string, got {self.axis_name!r}.")
-            devices = np.asarray(jax.devices())
-            object.__setattr__(self, "mesh", Mesh(devices, (self.axis_name,)))
-        if not isinstance(self.mesh, Mesh):
-            raise TypeError(
-                f"Sharded: mesh must be a jax.sharding.Mesh, got {type(self.mesh).__name__}."
-            )
-        if self.axis_name not in self.mesh.axis_names:
-            raise ValueError(
-                f"Sharded: axis_name={self.axis_name!r} is not an axis of the mesh; its axes "
-                f"are {tuple(self.mesh.axis_names)}."
-            )
+        object.__setattr__(self, "mesh", _checked_mesh("Sharded", self.mesh, self.axis_name))
         if self.local is not None and (
             isinstance(self.local, Sharded)
             or not isinstance(self.local, Method)
@@ -262,19 +249,7 @@ class Pipelined(Forward):
     name: ClassVar[str] = "pipelined"
 
     def __post_init__(self):
-        if not isinstance(self.axis_name, str):
-            raise TypeError(f"Pipelined: axis_name must be a string, got {self.axis_name!r}.")
-        if self.mesh is None:
-            object.__setattr__(self, "mesh", Mesh(np.asarray(jax.devices()), (self.axis_name,)))
-        if not isinstance(self.mesh, Mesh):
-            raise TypeError(
-                f"Pipelined: mesh must be a jax.sharding.Mesh, got {type(self.mesh).__name__}."
-            )
-        if self.axis_name not in self.mesh.axis_names:
-            raise ValueError(
-                f"Pipelined: axis_name={self.axis_name!r} is not an axis of the mesh; its axes "
-                f"are {tuple(self.mesh.axis_names)}."
-            )
+        object.__setattr__(self, "mesh", _checked_mesh("Pipelined", self.mesh, self.axis_name))
 
     def __call__(self, problem, consts, init, xs, *, keep):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
@@ -322,6 +297,23 @@ class Pipelined(Forward):
         )(consts, init, xs_p, valid)
         ys, before = jax.tree.map(lambda a: a[pad:], (ys, before))
         return final, ((ys, before) if keep else ys)
+
+
+def _checked_mesh(owner: str, mesh, axis_name) -> Mesh:
+    """``mesh`` checked to have the axis ``axis_name`` (``None``: one axis ``axis_name`` over all
+    devices of the default backend), naming ``owner`` in the errors."""
+    if mesh is None:
+        if not isinstance(axis_name, str):
+            raise TypeError(f"{owner}: axis_name must be a string, got {axis_name!r}.")
+        mesh = Mesh(np.asarray(jax.devices()), (axis_name,))
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{owner}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}.")
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"{owner}: axis_name={axis_name!r} is not an axis of the mesh; its axes "
+            f"are {tuple(mesh.axis_names)}."
+        )
+    return mesh
 
 
 def _slices(length: int, devices: int):
