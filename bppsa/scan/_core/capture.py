@@ -169,7 +169,9 @@ def transposed_jacobian(builder: Callable[..., MapStack], *, of: str = "cell"):
 
         @functools.wraps(cell)
         def wrapped(params, *args, **options):
-            if len(args) != 2:
+            if len(args) > 2:  # options given by position: a plain call (keywords are matched)
+                return cell(params, *args, **options)
+            if len(args) < 2:
                 raise TypeError(
                     f"{name} is declared a cell by transposed_jacobian: call it as "
                     f"{name}(params, state, x); got {len(args) + 1} positional arguments (a "

@@ -128,8 +128,8 @@ def decide(problem: Problem, options: Options) -> Decision:
         solver = backward if backward is not None and backward.uses_jacobians else None
         fused = None if profile.measured_rules else Fused().why_not(problem)
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
-    elif isinstance(asked, Fused) and asked.why_not(problem) is not None:
-        forward, forward_because = SEQUENTIAL, f"the fused kernel: {asked.why_not(problem)}"
+    elif isinstance(asked, Fused) and (reason := asked.why_not(problem)) is not None:
+        forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
         # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
