@@ -107,13 +107,19 @@ class Decision:
             yield
 
 
+def _asked(options: Options) -> tuple[Method | Policy, Policy, Profile]:
+    """What was asked for (``Auto()`` unless given), its policy, and the profile it chooses by
+    (its own, else the default backend's, resolved here once)."""
+    requested = options.method or Auto()
+    policy = as_policy(requested)
+    return requested, policy, policy.profile_or(profile_of())
+
+
 def decide(problem: Problem, options: Options) -> Decision:
     """The decision for the scan ``problem`` with ``options`` (its own over the enclosing
     :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, and
     whether the forward's Jacobians go to the backward."""
-    requested = options.method or Auto()
-    policy = as_policy(requested)
-    profile = policy.profile_or(profile_of())
+    requested, policy, profile = _asked(options)
     fp, limit = problem.footprint, options.memory_limit
     check_finite = bool(options.check_finite)
     error = None
@@ -172,9 +178,7 @@ def decide_chain(work: Callable[[], ChainWork], options: Options) -> Decision:
     """The decision for a chain of layers (``Chain.apply``): the policy's method for the
     chain's ``work`` (its forward is the layers' own; the chain's memory guard, which needs
     the layers' maps, runs where the backward is traced)."""
-    requested = options.method or Auto()
-    policy = as_policy(requested)
-    profile = policy.profile_or(profile_of())
+    requested, policy, profile = _asked(options)
     method = policy.chain_method(work, profile=profile)
     return Decision(
         requested=requested,

@@ -38,7 +38,7 @@ from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.split import Split, residuals, split_step
+from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
 
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout
@@ -85,10 +85,6 @@ def why_not(problem: Problem) -> str | None:
     return made if isinstance(made, str) else made.reason
 
 
-def _shapes(values) -> list:
-    return [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
-
-
 def _avals(variables) -> list:
     return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
 
@@ -96,18 +92,8 @@ def _avals(variables) -> list:
 def _make_plan(problem: Problem, offsets: bool) -> Plan | str:
     if problem.length < 1:
         return "an empty scan (length 0)"
-    body = problem.body
-    carry_leaves, carry_tree = jax.tree.flatten(problem.init)
-    x_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), problem.xs)
-    x_leaves, x_tree = jax.tree.flatten(x_shapes)
-
-    def step(carry, x, consts):
-        out, *_ = body.converted(carry_tree.unflatten(carry), x_tree.unflatten(x), *consts)
-        new_carry, ys = out
-        return carry_tree.flatten_up_to(new_carry), jax.tree.leaves(ys)
-
     try:
-        forward = split_step(step, carry_leaves, x_leaves, _shapes(body.consts))
+        forward, _ = split_scan_step(problem)
         mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
         floats = [v for v, f in zip(forward.carry_in, mask) if f]
         x = _avals([*forward.carry_in, *forward.step_residuals])

@@ -27,7 +27,7 @@ from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.split import Split, residuals, split_step
+from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan_step
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
@@ -100,33 +100,19 @@ def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
     """The split step of ``problem``, or why the kernel cannot run it."""
     if problem.length < 1:
         return "an empty scan (length 0)"
-    body = problem.body
-    carry_leaves, carry_tree = jax.tree.flatten(problem.init)
-    x_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), problem.xs)
-    x_leaves, x_tree = jax.tree.flatten(x_shapes)
-    consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in body.consts]
-    ys_trees = []
-
-    def step(carry, x, consts):
-        out, *_ = body.converted(carry_tree.unflatten(carry), x_tree.unflatten(x), *consts)
-        new_carry, ys = out
-        y_leaves, ys_tree = jax.tree.flatten(ys)
-        ys_trees.append(ys_tree)
-        return carry_tree.flatten_up_to(new_carry), y_leaves
-
     try:
-        split = split_step(step, carry_leaves, x_leaves, consts)
+        split, ys_tree = split_scan_step(problem)
     except Exception as err:  # any failure of the split falls back
         return f"the step could not be split: {type(err).__name__}: {err}"
     reason = _unsupported(split)
     if reason is not None:
         return reason
-    plan = _Plan(split, ys_trees[0])
+    plan = _Plan(split, ys_tree)
     try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
         init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), problem.init)
         jax.eval_shape(
             lambda c, i, x: _run(plan, problem.length, c, i, x, True, True, forward),
-            consts,
+            shapes_of(problem.body.consts),
             init,
             problem.xs,
         )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Literal
 
 from bppsa.scan._core.fused.jaxprs import flat_jaxpr, run_equations
@@ -130,3 +131,33 @@ def residuals(split: Split, constants: Sequence, x_leaves: Sequence, length: int
 
     steps = jax.vmap(per_step, axis_size=length)(list(x_leaves)) if split.step_residuals else []
     return env, x_vars, [env[v] for v in split.constant_residuals], steps
+
+
+def shapes_of(values) -> list:
+    """``jax.ShapeDtypeStruct`` of each of ``values``."""
+    return [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
+
+
+def split_scan_step(problem) -> tuple[Split, Any]:
+    """A scan's step (``problem.body``, one step of its carry and ``x`` as flat leaves) split by
+    :func:`split_step`, and the tree of its outputs ``ys``.
+
+    Raises:
+        Exception: whatever tracing or splitting the step raises (the callers fall back).
+    """
+    body = problem.body
+    carry_leaves, carry_tree = jax.tree.flatten(problem.init)
+    x_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), problem.xs)
+    x_leaves, x_tree = jax.tree.flatten(x_shapes)
+    consts = shapes_of(body.consts)
+    ys_trees = []
+
+    def step(carry, x, consts):
+        out, *_ = body.converted(carry_tree.unflatten(carry), x_tree.unflatten(x), *consts)
+        new_carry, ys = out
+        y_leaves, ys_tree = jax.tree.flatten(ys)
+        ys_trees.append(ys_tree)
+        return carry_tree.flatten_up_to(new_carry), y_leaves
+
+    split = split_step(step, carry_leaves, x_leaves, consts)
+    return split, ys_trees[0]
