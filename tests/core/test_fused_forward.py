@@ -13,10 +13,21 @@ import pytest
 from jax import lax
 
 import bppsa
-from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.models import (
+    CIFGLSTM,
+    GRU,
+    LSTM,
+    RNN,
+    DiagonalGRU,
+    cifg_lstm_cell,
+    diagonal_gru_cell,
+    gru_cell,
+    lstm_cell,
+    rnn_cell,
+)
 from bppsa.scan._core import tracing
 from bppsa.scan._core.fused import forward as fused_forward
-from bppsa.scan._core.fused import lowering, padded
+from bppsa.scan._core.fused import kernel, lanes, lowering, padded
 from bppsa.scan._core.fused.forward import Fused
 from bppsa.scan._core.fused.jaxprs import flat_jaxpr
 from bppsa.scan._core.problem import prepare
@@ -202,6 +213,69 @@ def test_gate_slices_become_products_with_sliced_weights():
     assert [e.outvars[0].aval.shape for e in dots] == [(20,)] * 3
 
 
+# ---- independent lanes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cell_type", "cell", "hidden", "tiles"),
+    [(DiagonalGRU(), diagonal_gru_cell, 300, 3), (CIFGLSTM(), cifg_lstm_cell, 200, 2)],
+)
+def test_independent_lanes_run_in_tiles(cell_type, cell, hidden, tiles):
+    """A diagonal GRU at H = 300 runs in 3 programs of 128 lanes (the last one's 84 lanes past
+    H computed and dropped), the CIFG LSTM's ``(h, c)`` pairs at H = 200 in 2."""
+    body, init = library(cell_type, cell)(hidden)
+    xs = xs_of()
+    plan, reason = fused_plan(body, init, xs)
+    assert reason is None and (plan.tiled.tile, plan.tiled.count) == (128, tiles)
+    actual = bppsa.scan(body, init, xs, reverse=True, forward="fused")
+    assert_close(actual, lax.scan(body, init, xs, reverse=True))
+    inits = jax.tree.map(lambda a: jnp.stack([a, a + 0.5]), init)
+    batch = jnp.stack([xs, -xs])
+    fused = jax.vmap(lambda c, x: bppsa.scan(body, c, x, forward="fused"))(inits, batch)
+    assert_close(fused, jax.vmap(lambda c, x: lax.scan(body, c, x))(inits, batch))
+
+
+def test_a_planted_tile_index_fails(monkeypatch):
+    """Every program reading the first tile's lanes must break the equality."""
+    body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)
+    xs = xs_of()
+    spec = kernel._tile_spec
+    monkeypatch.setattr(kernel, "_tile_spec", lambda block, axis, lead: spec(block, None, lead))
+    with pytest.raises(AssertionError):
+        assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+
+
+@pytest.mark.filterwarnings("ignore::bppsa.AnalyticJacobianWarning")  # cells fed a moved carry
+def test_lanes_that_mix_are_not_split():
+    """The lanes stay whole where the recurrence mixes them, and the analysis says how."""
+    params = params_of(DiagonalGRU(), 200)
+    cells = {
+        "a contraction over the lanes": CELLS["rnn"](200),
+        "a reduction over the lanes": (
+            lambda h, x: (diagonal_gru_cell(params, h - h.mean(), x), h),
+            jnp.zeros(200),
+        ),
+        "a move along the lanes": (
+            lambda h, x: (diagonal_gru_cell(params, h[::-1], x), h),
+            jnp.zeros(200),
+        ),
+    }
+    xs = xs_of()
+    for why, (body, init) in cells.items():
+        plan, reason = fused_plan(body, init, xs)
+        assert reason is None and plan.tiled is None
+        assert why in lanes.lanes_of(plan.split)
+        assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+    body, init = library(DiagonalGRU(), diagonal_gru_cell)(128)  # one tile: one program
+    assert fused_plan(body, init, xs)[0].tiled is None
+    body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    assert Fused(lanes=None)._plan(problem).tiled is None
+    assert Fused(lanes=64)._plan(problem).tiled.count == 5
+    with pytest.raises(ValueError, match="lanes must be a positive int"):
+        Fused(lanes=0)
+
+
 # ---- fallbacks -------------------------------------------------------------------------------
 
 
@@ -306,3 +380,13 @@ def test_the_cuda_lowering_holds_the_kernel_and_no_while(cell, hidden):
     ):
         assert "xla.gpu.triton" in text
         assert "stablehlo.while" not in text
+
+
+def test_the_cuda_lowering_splits_independent_lanes_across_programs():
+    """The CIFG LSTM at H = 4096, B = 8: 32 programs of 128 lanes per example, 256 in all."""
+    body, init = library(CIFGLSTM(), cifg_lstm_cell)(4096)
+    inits = jax.tree.map(lambda a: jnp.stack([a] * 8), init)
+    xs = jnp.stack([xs_of()] * 8)
+    text = cuda_text(jax.vmap(lambda c, x: bppsa.scan(body, c, x, forward="fused")), inits, xs)
+    assert "xla.gpu.triton" in text and "stablehlo.while" not in text
+    assert "grid_x = 32" in text and "grid_y = 8" in text

@@ -27,6 +27,7 @@ from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
+from bppsa.scan._core.fused.lanes import Tiled, lanes_of, tile_for, tiled
 from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan_step
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ MAX_RESIDENT = 1 << 17
 class _Plan:
     split: Split
     ys_tree: Any
+    tiled: Tiled | None = None
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -53,7 +55,10 @@ class Fused(Forward):
     """The forward loop in one Pallas kernel launch, the carry on chip.
 
     Attributes:
-        num_warps: Triton warps per program (one program per example under ``jax.vmap``).
+        num_warps: Triton warps per program.
+        lanes: lanes of the carry per program where they are independent (a diagonal or
+            block-diagonal cell, found in its jaxpr: :mod:`~bppsa.scan._core.fused.lanes`);
+            ``None``: one program per example (under ``jax.vmap``) always.
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -65,7 +70,15 @@ class Fused(Forward):
     """
 
     num_warps: int = 4
+    lanes: int | None = 128
     name: ClassVar[str] = "fused"
+
+    def __post_init__(self):
+        for field, value in (("num_warps", self.num_warps), ("lanes", self.lanes)):
+            if field == "lanes" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Fused: {field} must be a positive int, got {value!r}.")
 
     def why_not(self, problem: Problem) -> str | None:
         """Why the kernel cannot run ``problem``'s scan (``None``: it can)."""
@@ -88,12 +101,15 @@ class Fused(Forward):
         )
 
     def _plan(self, problem: Problem) -> _Plan | str:
-        if problem not in _PLANS:
-            _PLANS[problem] = _make_plan(problem, self)
-        return _PLANS[problem]
+        plans = _PLANS.setdefault(problem, {})
+        if self.lanes not in plans:
+            plans[self.lanes] = _make_plan(problem, self)
+        return plans[self.lanes]
 
     def __repr__(self) -> str:
-        return "Fused()" if self.num_warps == 4 else f"Fused(num_warps={self.num_warps})"
+        fields = [f"num_warps={self.num_warps}"] if self.num_warps != 4 else []
+        fields += [f"lanes={self.lanes}"] if self.lanes != 128 else []
+        return f"Fused({', '.join(fields)})"
 
 
 def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
@@ -104,10 +120,11 @@ def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
         split, ys_tree = split_scan_step(problem)
     except Exception as err:  # any failure of the split falls back
         return f"the step could not be split: {type(err).__name__}: {err}"
-    reason = _unsupported(split)
+    tiled = _tiled(split, forward.lanes)
+    reason = _unsupported(split if tiled is None else tiled)
     if reason is not None:
         return reason
-    plan = _Plan(split, ys_tree)
+    plan = _Plan(split, ys_tree, tiled)
     try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
         init = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), problem.init)
         jax.eval_shape(
@@ -121,7 +138,22 @@ def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
     return plan
 
 
-def _unsupported(split: Split) -> str | None:
+def _tiled(split: Split, lanes: int | None) -> Tiled | None:
+    """``split``'s recurrence for one tile of ``lanes`` lanes where its carry's lanes are
+    independent and more than ``lanes`` (``None``: one program per example)."""
+    if lanes is None or not split.carry_in:
+        return None
+    try:
+        found = lanes_of(split)
+        if isinstance(found, str):
+            return None
+        tile = tile_for(split.carry_in[0].aval.shape[-1], lanes)
+        return None if tile is None else tiled(split, found, tile)
+    except Exception:  # a rule that does not retrace: one program per example
+        return None
+
+
+def _unsupported(split: Split | Tiled) -> str | None:
     for v in split.carry_in:
         dtype = np.dtype(v.aval.dtype)
         if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
@@ -162,6 +194,7 @@ def _run(plan: _Plan, length, consts, init, xs, keep, interpret, forward: Fused)
         steps,
         interpret=interpret,
         num_warps=forward.num_warps,
+        tiled=plan.tiled,
     )
     before = [
         jnp.concatenate([c[None].astype(a.dtype), a[:-1]]) for c, a in zip(carry_leaves, after)

@@ -21,17 +21,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 from jax.extend.core import Literal
 
+from bppsa.scan._core.fused.lanes import Tiled
 from bppsa.scan._core.fused.padded import masked, padded_shape, run_padded
 from bppsa.scan._core.fused.split import Split
-
-
-def pad(x, shape: Sequence[int], lead: int = 0):
-    """``x`` (of ``shape`` after ``lead`` leading axes) zero-padded to powers of two."""
-    target = padded_shape(shape)
-    if tuple(target) == tuple(shape):
-        return x
-    widths = [(0, 0)] * lead + [(0, p - s) for s, p in zip(shape, target)]
-    return jnp.pad(x, widths)
 
 
 def unpad(x, shape: Sequence[int], lead: int = 1):
@@ -52,6 +44,7 @@ def carries_after(
     num_warps: int,
     reverse: bool = False,
     name: str = "bppsa_fused_forward",
+    tiled: Tiled | None = None,
 ) -> list[Any]:
     """The carry leaves after every step, ``(T, *leaf)`` each, from one kernel launch.
 
@@ -66,19 +59,38 @@ def carries_after(
         reverse: run the steps from ``T - 1`` down to ``0`` (step ``t`` reads ``steps[t]`` and
             writes the carry after it at ``t``), as a backward's loop does.
         name: the kernel's name (in the lowered program).
+        tiled: ``split``'s recurrence for one tile of independent lanes
+            (:mod:`~bppsa.scan._core.fused.lanes`): the kernel then runs one program per tile,
+            ``init``, ``constants`` and ``steps`` still whole.
     """
-    carry_in, carry_out = split.carry_in, split.carry_out
+    source = split if tiled is None else tiled
+    carry_in, carry_out = source.carry_in, source.carry_out
     shapes = [tuple(v.aval.shape) for v in carry_in]
+    in_vars = [*carry_in, *source.constant_residuals, *source.step_residuals]
+    values = [*init, *constants, *steps]
+    leads = [0] * (len(init) + len(constants)) + [1] * len(steps)
+    axes = tiled.axes if tiled is not None else (None,) * len(in_vars)
+    count = 1 if tiled is None else tiled.count
+    blocks = [padded_shape(v.aval.shape) for v in in_vars]
     inputs = [
-        *(pad(x, s) for x, s in zip(init, shapes)),
-        *(pad(x, v.aval.shape) for x, v in zip(constants, split.constant_residuals)),
-        *(pad(x, v.aval.shape, lead=1) for x, v in zip(steps, split.step_residuals)),
+        _padded_to(x, lead, _whole(block, axis, count))
+        for x, lead, block, axis in zip(values, leads, blocks, axes)
     ]
     ni, nk = len(init), len(constants)
     out_shape = [
-        jax.ShapeDtypeStruct((length, *padded_shape(s)), v.aval.dtype)
-        for s, v in zip(shapes, carry_in)
+        jax.ShapeDtypeStruct((length, *_whole(padded_shape(s), a, count)), v.aval.dtype)
+        for s, v, a in zip(shapes, carry_in, axes)
     ]
+    grid: dict[str, Any] = {}
+    if tiled is not None:
+        grid = {
+            "grid": (count,),
+            "in_specs": [
+                _tile_spec(block, axis, (length,) * lead)
+                for block, axis, lead in zip(blocks, axes, leads)
+            ],
+            "out_specs": [_tile_spec(padded_shape(s), a, (length,)) for s, a in zip(shapes, axes)],
+        }
 
     def kernel(*refs):
         init_refs, const_refs = refs[:ni], refs[ni : ni + nk]
@@ -88,9 +100,9 @@ def carries_after(
         def body(k, carry):
             t = length - 1 - k if reverse else k
             env = dict(zip(carry_in, carry))
-            env.update(zip(split.constant_residuals, const_values))
-            env.update(zip(split.step_residuals, [r[t] for r in step_refs]))
-            run_padded(split.recurrence, env)
+            env.update(zip(source.constant_residuals, const_values))
+            env.update(zip(source.step_residuals, [r[t] for r in step_refs]))
+            run_padded(source.recurrence, env)
             new = []
             for v, shape, old, ref in zip(carry_out, shapes, carry, out_refs):
                 if isinstance(v, Literal):
@@ -110,5 +122,31 @@ def carries_after(
         interpret=interpret,
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         name=name,
+        **grid,
     )(*inputs)
-    return [unpad(a, s) for a, s in zip(after, shapes)]
+    return [unpad(a, jnp.shape(c)) for a, c in zip(after, init)]
+
+
+def _whole(block: Sequence[int], axis: int | None, count: int) -> tuple[int, ...]:
+    """The shape of ``count`` tiles of ``block`` along ``axis`` (``None``: one)."""
+    if axis is None:
+        return tuple(block)
+    return (*block[:axis], block[axis] * count, *block[axis + 1 :])
+
+
+def _padded_to(x, lead: int, shape: Sequence[int]):
+    """``x`` zero-padded to ``shape`` after ``lead`` leading axes."""
+    widths = [(0, 0)] * lead + [(0, p - s) for s, p in zip(jnp.shape(x)[lead:], shape)]
+    return x if not any(w for _, w in widths) else jnp.pad(x, widths)
+
+
+def _tile_spec(block: Sequence[int], axis: int | None, lead: Sequence[int]):
+    """The block of program ``j``: tile ``j`` along ``axis`` (after the ``lead`` axes, read
+    whole), everything along the others."""
+    ndim = len(lead) + len(block)
+    at = None if axis is None else len(lead) + axis
+
+    def index(j):
+        return tuple(j if d == at else 0 for d in range(ndim))
+
+    return pl.BlockSpec((*lead, *block), index)
