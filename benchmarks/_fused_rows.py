@@ -41,6 +41,9 @@ CELLS = {
     "diagonal-gru": (DiagonalGRU(), diagonal_gru_cell),
 }
 FUSED = functools.partial(bppsa.scan, forward="fused")
+# the fused forward with one program per example, for cells whose lanes the kernel splits
+ONE_PROGRAM = functools.partial(bppsa.scan, forward=bppsa.Fused(lanes=None))
+INDEPENDENT_LANES = frozenset({"diagonal-gru"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,11 +192,16 @@ def forward_row(case: Case, rounds: int) -> dict[str, Any]:
     """The forward alone (the final states), ``lax.scan`` against ``forward="fused"`` and
     ``bppsa.scan``'s default forward: milliseconds, microseconds per step, the speedups over
     ``lax.scan`` and the fused values' difference from ``lax.scan``'s. Where the kernel cannot
-    run the case (``fused_why_not``), ``forward="fused"`` (then ``lax.scan``) is not timed."""
+    run the case (``fused_why_not``), ``forward="fused"`` (then ``lax.scan``) is not timed.
+    Cells with independent lanes also time ``Fused(lanes=None)`` (``fused_one_program``: one
+    program per example, where ``fused`` runs one per 128 lanes), and ``lanes_speedup``."""
     params, _, xs = problem(case)
+    forwards = dict(FORWARDS)
+    if case.cell in INDEPENDENT_LANES:
+        forwards["fused_one_program"] = ONE_PROGRAM
     programs = {
         name: Program.of(functools.partial(final_states, scan, case), params, xs)
-        for name, scan in FORWARDS.items()
+        for name, scan in forwards.items()
     }
     row: dict[str, Any] = {"part": "forward", **case.fields(), **machine(), "rounds": rounds}
     row |= plan_fields("fused", programs["fused"]) | plan_fields("default", programs["default"])
@@ -206,9 +214,9 @@ def forward_row(case: Case, rounds: int) -> dict[str, Any]:
         skip: tuple[str, ...] = ()
     else:
         row["fused_difference"] = None
-        skip = ("fused",)
+        skip = ("fused", "fused_one_program")
     row |= timed_fields(programs, (params, xs), rounds, skip)
-    for name in FORWARDS:
+    for name in forwards:
         for stat in ("", "_min"):
             ms = row[f"{name}{stat}_ms"]
             row[f"{name}{stat}_us_per_step"] = None if ms is None else 1e3 * ms / case.length
@@ -216,6 +224,11 @@ def forward_row(case: Case, rounds: int) -> dict[str, Any]:
         for stat in ("", "_min"):
             row[f"{name}_speedup{stat}"] = _ratio(
                 row[f"lax_scan{stat}_ms"], row[f"{name}{stat}_ms"]
+            )
+    if "fused_one_program" in forwards:
+        for stat in ("", "_min"):
+            row[f"lanes_speedup{stat}"] = _ratio(
+                row[f"fused_one_program{stat}_ms"], row[f"fused{stat}_ms"]
             )
     return row
 

@@ -5,8 +5,10 @@ a step of ``benchmarks/gpu.sh``:
   per-example scan), ``lax.scan`` against ``forward="fused"`` and ``bppsa.scan``'s default
   forward, in milliseconds and microseconds per step: the library's RNN, GRU and LSTM at
   H = 20, B = 16, T = 10k, 30k, 1k (input 1), and ParaRNN's diagonal GRU at H = 1024 and 4096,
-  T = 4096, B = 8 (256 inputs). Where the kernel cannot run a case the row says why
-  (``fused_why_not``) and does not time ``forward="fused"``;
+  T = 4096, B = 8 (256 inputs), whose lanes the kernel splits into programs of 128 (timed
+  against ``Fused(lanes=None)``, one program per example: ``lanes_speedup``). Where the
+  kernel cannot run a case the row says why (``fused_why_not``) and does not time
+  ``forward="fused"``;
 * ``grad``: whole gradients (``value_and_grad`` of a head on the final states): BP
   (``jax.value_and_grad`` through ``lax.scan``), bppsa's defaults (``bppsa.value_and_grad``)
   and ``forward="fused"`` with ``method=bppsa.Blelloch()``; RNN and GRU, H = 20, B = 16,
@@ -146,6 +148,7 @@ def describe(row: dict[str, Any]) -> str:
             f"{head} lax.scan {row['lax_scan_min_us_per_step']:8.3f} us/step | {fused} "
             f"{_x(row['fused_speedup_min'])} | default {row['default_forward']} "
             f"{_x(row['default_speedup_min'])}"
+            + (f" | lanes split {_x(row['lanes_speedup_min'])}" if "lanes_speedup" in row else "")
         )
     if part == "grad":
         return (

@@ -54,6 +54,16 @@ def test_a_forward_row_times_each_forward_and_the_fused_values_agree(cell, hidde
         assert row["default_forward"] == "'sequential'"
 
 
+def test_a_diagonal_row_times_the_split_lanes_against_one_program():
+    row = forward_row(Case("diagonal-gru", 200, 3, 2, 2), rounds=1)
+    assert row["fused_why_not"] is None and row["fused_difference"] <= RTOL
+    assert "fused_one_program_same_program_as" not in row  # two programs: 2 tiles against 1
+    assert row["lanes_speedup_min"] == pytest.approx(
+        row["fused_one_program_min_ms"] / row["fused_min_ms"]
+    )
+    assert "lanes split" in fused.describe(row)
+
+
 def test_a_forward_row_outside_the_envelope_says_why_and_does_not_time_the_kernel(monkeypatch):
     monkeypatch.setattr(fused_forward, "MAX_TILE", 16)
     row = forward_row(Case("rnn", 20, 5, 2, 1), rounds=1)
