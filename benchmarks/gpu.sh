@@ -84,20 +84,29 @@ trap pack EXIT
 
 say() { echo "gpu.sh: $*" | tee -a "$log"; }
 
-# step NAME BUDGET_S MIN_S COMMAND...: runs COMMAND within min(BUDGET_S, the time left) if at
-# least MIN_S are left; its failure is logged, and the other results stand.
-step() {
-    local name=$1 budget=$2 least=$3 left
-    shift 3
-    left=$((deadline - SECONDS))
-    if ((left < least)); then
-        say "${left} s left: ${name} not run"
+# grant NAME BUDGET_S MIN_S: sets granted to min(BUDGET_S, the time left) (the time left in a
+# run without a deadline), or to 0, saying that NAME is not run, where fewer than MIN_S are left.
+grant() {
+    local left=$((deadline - SECONDS))
+    granted=0
+    if ((left < $3)); then
+        say "${left} s left: $1 not run"
         return 0
     fi
-    ((unbounded)) && budget=$left
-    ((budget > left)) && budget=$left
+    granted=$2
+    if ((unbounded || granted > left)); then granted=$left; fi
+    return 0
+}
+
+# step NAME BUDGET_S MIN_S COMMAND...: runs COMMAND within what grant gives it; its failure is
+# logged, and the other results stand.
+step() {
+    local name=$1
+    grant "$1" "$2" "$3"
+    shift 3
+    ((granted > 0)) || return 0
     local status=0
-    timeout --kill-after=10 "$budget" "$@" 2>&1 | tee -a "$log" || status=$?
+    timeout --kill-after=10 "$granted" "$@" 2>&1 | tee -a "$log" || status=$?
     ((status == 0)) || say "${name} exit ${status} (the other results stand)"
 }
 
@@ -106,15 +115,10 @@ step() {
 # while the step's time lasts: it skips the cases done and records the one it died in. Returns
 # the last run's exit status (2: not a GPU backend).
 fused() {
-    local name=$1 budget=$2 least=$3 part=$4 left ends attempt status=0
-    left=$((deadline - SECONDS))
-    if ((left < least)); then
-        say "${left} s left: ${name} not run"
-        return 0
-    fi
-    ((unbounded)) && budget=$left
-    ((budget > left)) && budget=$left
-    ends=$((SECONDS + budget))
+    local name=$1 part=$4 left ends attempt status=0
+    grant "$1" "$2" "$3"
+    ((granted > 0)) || return 0
+    ends=$((SECONDS + granted))
     local args=(--parts "$part" --out "$results/fused_${part}_gpu.jsonl")
     if ((dry)); then args+=(--dry-run); else args+=(--require-backend gpu); fi
     for attempt in 1 2 3; do
