@@ -57,7 +57,8 @@ class Decision:
             the Jacobians where plain back-propagation meets a forward other than
             ``lax.scan``); ``None`` where it does not fit the memory limit (``memory_error``).
         forward: the forward pass (Newton with its solver picked).
-        forward_because: why, where the forward's policy chose it (``None``: asked for).
+        forward_because: why, where the forward's policy chose it (``None``: asked for), or
+            why the fused forward asked for cannot run (the envelope: the profile's).
         shares_jacobians: whether the forward hands its Jacobians to the backward.
         profile: the measured constants the choices were made by.
         precision: of the library's own products (``None``: ``"highest"``).
@@ -132,9 +133,9 @@ def decide(problem: Problem, options: Options) -> Decision:
     forward_because = None
     if isinstance(asked, AutoForward):
         solver = backward if backward is not None and backward.uses_jacobians else None
-        fused = None if profile.measured_rules else Fused().why_not(problem)
+        fused = None if profile.measured_rules else Fused().why_not(problem, profile)
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
-    elif isinstance(asked, Fused) and (reason := asked.why_not(problem)) is not None:
+    elif isinstance(asked, Fused) and (reason := asked.why_not(problem, profile)) is not None:
         forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
