@@ -95,6 +95,7 @@ def test_a_grad_row_records_each_runs_plan_and_its_difference_from_bp():
         assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] > 0, name
     assert row["fused_blelloch_forward"] == "Fused()"
     assert row["fused_sequential_method"] == "FusedSequential()"
+    assert row["fused_sequential_backward_because"] is None  # its kernel ran
     assert row["fused_sequential_difference"] < 1e-5
     assert row["fused_blelloch_method"] == "Blelloch()"
     assert row["defaults_forward"] and row["defaults_method"]

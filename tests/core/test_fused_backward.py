@@ -124,7 +124,7 @@ def test_gradients_equal_back_propagation(name, launches):
     with bppsa.trace_plans() as plans:
         actual, expected = gradients(name, xs_of())
     assert set(launches) == {(True, T)}  # the kernel, all steps, in reverse
-    assert plans[0].backward == METHOD
+    assert plans[0].backward == METHOD and plans[0].backward_because is None
     assert_close(actual, expected)
 
 
@@ -278,15 +278,18 @@ def test_float64_loops_in_lax_scan(x64, launches):
         carry, ys = scan(lambda h, x: (rnn_cell(params, h, x), h), init, xs)
         return jnp.sum(jnp.sin(ys)) + carry.sum()
 
-    actual = bppsa.grad(functools.partial(loss, bppsa.scan), method=METHOD)(params, xs)
+    with bppsa.trace_plans() as plans:
+        actual = bppsa.grad(functools.partial(loss, bppsa.scan), method=METHOD)(params, xs)
     assert not launches
+    assert plans[0].backward == METHOD
+    assert plans[0].backward_because.startswith("the fused kernel: a carry of float64")
     assert_close(actual, jax.grad(functools.partial(loss, lax.scan))(params, xs), 1e-10)
 
 
 def test_the_envelope_is_the_profiles(launches):
     """With a profile whose envelope holds 1024 entries, the RNN at H = 20 (``W_hh^T`` 32 x 32
-    and the cotangent, 1056 entries, kept loaded) loops in lax.scan both ways; the default
-    envelope runs the kernel."""
+    and the cotangent, 1056 entries, kept loaded) loops in lax.scan both ways, and the plan says
+    why; the default envelope runs the kernel."""
     problem = problem_of("rnn")
     kernels = dataclasses.replace(GPU.kernels, fused_max_resident=1024)
     tiny = dataclasses.replace(GPU, kernels=kernels)
@@ -301,7 +304,7 @@ def test_the_envelope_is_the_profiles(launches):
     finally:
         bppsa.set_profile("cpu", None)
     assert not launches
-    assert plans[0].backward == METHOD
+    assert plans[0].backward == METHOD and reason in plans[0].backward_because
     assert "fused_max_resident: 1024" in plans[0].forward_because
     assert_close(actual, expected)
 

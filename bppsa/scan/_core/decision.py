@@ -31,7 +31,7 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
-from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
+from bppsa.scan._core.methods import Auto, FusedSequential, Method, Policy, as_policy
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.newton import Newton
@@ -65,6 +65,9 @@ class Decision:
         memory_limit: bytes the backward may use (``None``: the device's available memory).
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, raised where the backward is traced.
+        backward_because: why ``FusedSequential()``'s reverse loop does not run in its kernel
+            (:meth:`~bppsa.FusedSequential.why_not` on the profile; ``None``: it does, or the
+            backward is another method).
     """
 
     requested: Method | Policy
@@ -78,6 +81,7 @@ class Decision:
     memory_limit: float | None
     check_finite: bool
     memory_error: MemoryLimitError | None = None
+    backward_because: str | None = None
 
     @property
     def kernels(self) -> Kernels:
@@ -160,6 +164,9 @@ def decide(problem: Problem, options: Options) -> Decision:
         and backward.supports.forward_jacobians
         and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
     )
+    backward_because = None
+    if isinstance(backward, FusedSequential) and (reason := backward.why_not(problem, profile)):
+        backward_because = f"the fused kernel: {reason}"
     return Decision(
         requested=requested,
         method=method,
@@ -172,6 +179,7 @@ def decide(problem: Problem, options: Options) -> Decision:
         memory_limit=limit,
         check_finite=check_finite,
         memory_error=error,
+        backward_because=backward_because,
     )
 
 

@@ -93,7 +93,8 @@ class FusedSequential(Method):
         """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) within the
         envelope of ``profile``'s kernels (``None``: the defaults, ``Kernels()``'s); the loop
         then runs in ``lax.scan`` (or, if the step's VJP cannot be traced, the backward is
-        :class:`SequentialScan`'s)."""
+        :class:`SequentialScan`'s). The scan's decision records it
+        (``bppsa.trace_plans()``'s ``backward_because``)."""
         kernels = _kernels.DEFAULT if profile is None else profile.kernels
         return fused_backward.why_not(problem, kernels)
 
