@@ -1,6 +1,7 @@
 """The compile grid of :mod:`benchmarks.fused` (part ``compile``): which cells and hidden sizes
-the fused kernel compiles for on this device, the data that the envelope (``MAX_TILE`` and
-``MAX_RESIDENT`` in ``bppsa/scan/_core/fused/forward.py``) is to be set from.
+the fused kernel compiles for on this device, the data that the envelope (``fused_max_tile`` and
+``fused_max_resident`` of the profile's ``bppsa.Kernels``) is set from
+(``python -m benchmarks.tools.fit_profile --compile``).
 
 Each point is the fused forward alone (``jax.vmap`` of ``bppsa.scan(..., forward="fused")``)
 traced with the envelope lifted (:func:`benchmarks._fused_envelope.lifted`), then
@@ -92,8 +93,8 @@ def compile_row(case: Case) -> dict[str, Any]:
     with envelope.lifted() as lifted:
         row["envelope_lifted"] = lifted
         start = time.perf_counter()
-        # A new function object: jax.jit's cache must not serve the trace above, made under
-        # the library's envelope (which is no part of the cache's key).
+        # A new function object, and the lifted profile in jax.jit's cache key: the trace
+        # above, made under the library's envelope, is not served here.
         fn = functools.partial(final_states, FUSED, case)
         with bppsa.trace_plans() as plans:
             lowered = jax.jit(fn).lower(params, xs)
@@ -119,7 +120,8 @@ def compile_row(case: Case) -> dict[str, Any]:
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per cell the largest hidden size whose kernel compiled and ran right, and the smallest
     that did not, with their envelope counts; over all cells the largest counts that compiled
-    and the smallest that failed: ``MAX_TILE`` and ``MAX_RESIDENT`` belong between them."""
+    and the smallest that failed: ``fused_max_tile`` and ``fused_max_resident`` belong between
+    them (:func:`benchmarks.tools.fit_profile.envelope` reads them from this row)."""
     points = [
         r for r in rows if r.get("part") == "compile" and r.get("status", "skipped") != "skipped"
     ]

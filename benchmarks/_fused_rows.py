@@ -117,7 +117,8 @@ class Program:
 def plan_fields(name: str, program: Program) -> dict[str, Any]:
     """What the first scan of ``program`` decided: ``<name>_forward`` (``Fused()``,
     ``'sequential'``, ...), ``<name>_forward_because``, ``<name>_method`` (the backward's, where
-    one was traced) and ``<name>_jacobians``."""
+    one was traced), ``<name>_backward_because`` (why ``FusedSequential()``'s loop does not
+    run in its kernel) and ``<name>_jacobians``."""
     if not program.plans:
         return {f"{name}_forward": None}
     plan = program.plans[0]
@@ -125,6 +126,7 @@ def plan_fields(name: str, program: Program) -> dict[str, Any]:
         f"{name}_forward": repr(plan.forward),
         f"{name}_forward_because": plan.forward_because,
         f"{name}_method": repr(plan.method if plan.backward is None else plan.backward),
+        f"{name}_backward_because": plan.backward_because,
         f"{name}_jacobians": plan.jacobians,
     }
 

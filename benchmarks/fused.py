@@ -19,7 +19,8 @@ a step of ``benchmarks/gpu.sh``:
 * ``compile``: the envelope's compile grid (:mod:`benchmarks._fused_compile`): RNN, GRU, LSTM
   and diagonal GRU at H = 16 to 4096 (powers of two, 20 and 100), whether the fused forward
   compiles and runs on the device, in how long; its last row (``"part": "compile-summary"``)
-  gives the largest size each cell compiled at, the data for ``MAX_TILE`` and ``MAX_RESIDENT``.
+  gives the largest size each cell compiled at, the data for the profile's envelope
+  (``fused_max_tile``, ``fused_max_resident``: ``benchmarks.tools.fit_profile --compile``).
 
 The language model's training step (issue 43's item 4d) is ``experiments/char_lm.py --gpu``,
 whose defaults pick the fused forward on a GPU; its summary records each run's plan.

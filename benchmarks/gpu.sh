@@ -14,8 +14,8 @@
 #   3. cuDNN's LSTM (jax.experimental.rnn.lstm) against bppsa's LSTM with its defaults,
 #      H = 20, 128, T = 10k, 1k, B = 16: fused_cudnn_gpu.jsonl
 #   4. the fused kernel's compile grid (RNN, GRU, LSTM, diagonal GRU at H = 16..4096; its
-#      "compile-summary" row: the largest size each cell compiled at, for the envelope
-#      MAX_TILE / MAX_RESIDENT): fused_compile_gpu.jsonl
+#      "compile-summary" row: the largest size each cell compiled at, for the profile's
+#      envelope, fit_profile --compile): fused_compile_gpu.jsonl
 #   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
 #      T = 2048, B = 8: BP, Auto (its forward the fused kernel: the summary records each
 #      run's plan), Auto with the Newton forward, on the synthetic corpus): char_lm_gpu/

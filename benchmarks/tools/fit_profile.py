@@ -38,11 +38,16 @@ program (below): elsewhere it is ``total - forward``.
   of repeats; a pick counts as right only if it stays right with any rate moved by
   ``--margin`` decades), those that fit the times best. ``--flops gemm`` pins the FLOP rate to
   the speed run's large float32 GEMM (``gemm_gflops``), a rate measured as its own program.
+* The fused loops' envelope (``fused_max_tile``, ``fused_max_resident`` of the profile's
+  :class:`bppsa.Kernels`): ``--compile`` reads the compile grid's results
+  (``fused_compile_gpu.jsonl`` of ``benchmarks/gpu.sh``, :mod:`benchmarks._fused_compile`) and
+  sets each limit to the largest count that compiled and ran right (:func:`envelope`).
 
 Run: ``.venv/bin/python -m benchmarks.tools.fit_profile benchmarks/results/cpu_floor.json``, or the
 H200 (:data:`bppsa.scan._profile.GPU`): ``.venv/bin/python -m benchmarks.tools.fit_profile --device
 --choices --flops gemm benchmarks/results/gpu-h200/{speed_gpu,total_gpu,width_gpu}.json
-benchmarks/results/gpu-h200/gpu_backward.jsonl`` (``--out`` writes the profile and the ratios).
+benchmarks/results/gpu-h200/gpu_backward.jsonl`` (``--out`` writes the profile and the ratios;
+``--compile .../fused_compile_gpu.jsonl`` sets the envelope too).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.profiles import get_profile
-from bppsa.scan._profile import Profile
+from bppsa.scan._profile import ENVELOPE, Profile
 from paper_figures.result_files import PULLBACK, read_json, read_rows, write_json
 
 METHODS = {repr(m): m for m in ACCELERATOR_CHOICES}  # what Auto() ranks on accelerators
@@ -344,6 +349,45 @@ def gemm_flops(paths: list[pathlib.Path]) -> float | None:
     return None
 
 
+def envelope(path: pathlib.Path) -> dict[str, int]:
+    """The fused loops' envelope measured by the compile grid (:mod:`benchmarks._fused_compile`)
+    in ``path``: ``{"fused_max_tile": ..., "fused_max_resident": ...}``, each the largest count
+    of a point that compiled and ran right (its last ``compile-summary`` row). Every point that
+    failed must lie beyond one of them.
+
+    Raises:
+        ValueError: no summary row, no point compiled, or a failed point within both limits
+            (the envelope cannot keep it out: naming it).
+    """
+    summaries = [r for r in read_rows(path) if r.get("part") == "compile-summary"]
+    if not summaries:
+        raise ValueError(f"{path}: no compile-summary row (benchmarks.fused's part 'compile')")
+    summary = summaries[-1]
+    limits = {}
+    for count, field in zip(("tile", "resident"), ENVELOPE, strict=True):
+        largest = summary.get(f"largest_{count}_compiled")
+        if largest is None:
+            raise ValueError(f"{path}: no point of the compile grid compiled: no {field}")
+        limits[field] = int(largest)
+    tile, resident = (limits[field] for field in ENVELOPE)
+    for cell, entry in summary["cells"].items():
+        failed = entry.get("smallest_failed") or {}
+        if None not in (failed.get("tile"), failed.get("resident")) and (
+            failed["tile"] <= tile and failed["resident"] <= resident
+        ):
+            raise ValueError(
+                f"{path}: {cell} at H = {failed['hidden']} {failed['status']} with tile "
+                f"{failed['tile']} and resident {failed['resident']}, within the envelope of "
+                f"the largest counts that compiled ({tile}, {resident}): it cannot keep it out"
+            )
+    return limits
+
+
+def with_envelope(profile: Profile, limits: dict[str, int]) -> Profile:
+    """``profile`` with the fused loops' envelope ``limits`` (:func:`envelope`)."""
+    return dataclasses.replace(profile, kernels=dataclasses.replace(profile.kernels, **limits))
+
+
 def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None = None) -> None:
     """Prints measured / model for every ``(label, seconds, ratio)`` of ``rows``, their spread
     and how to use ``profile``; writes them (and ``extra``) to ``args.out``."""
@@ -356,15 +400,22 @@ def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None
         f"{quartiles[0]:.2f}-{quartiles[-1]:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
     )
     rates = {f: getattr(profile.rates, f) for f in ("step_latency", "flops", "bandwidth")}
+    limits = {f: getattr(profile.kernels, f) for f in ENVELOPE} if args.compile else {}
+    use = f"rates=bppsa.Rates({', '.join(f'{k}={v:.4g}' for k, v in rates.items())})"
+    if limits:
+        use += (
+            f", kernels=dataclasses.replace(bppsa.get_profile({backend!r}).kernels, "
+            f"{', '.join(f'{k}={v}' for k, v in limits.items())})"
+        )
     print(
         f"to use it: bppsa.set_profile({backend!r}, dataclasses.replace(bppsa.get_profile("
-        f"{backend!r}), rates=bppsa.Rates({', '.join(f'{k}={v:.4g}' for k, v in rates.items())})))"
+        f"{backend!r}), {use}))"
     )
     if args.out:
         write_json(
             args.out,
             dict(
-                profile=dict(name=profile.name, **rates),
+                profile=dict(name=profile.name, **rates, **limits),
                 sources=[str(p) for p in args.results],
                 rows=[dict(label=lab, measured_s=sec, ratio=r) for lab, sec, r in rows],
                 **(extra or {}),
@@ -391,6 +442,8 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         tolerance=args.tolerance,
         margin=args.margin,
     )
+    if args.compile:
+        profile = with_envelope(profile, envelope(args.compile))
     print(
         f"fitted: {profile.rates.step_latency * 1e6:.2f} us per step, "
         f"{profile.rates.flops / 1e12:.0f} TFLOP/s, {profile.rates.bandwidth / 1e12:.2f} TB/s "
@@ -428,10 +481,15 @@ def main(argv=None) -> None:
     parser.add_argument("--margin", type=float, default=0.1, help="--choices: decades to spare")
     parser.add_argument("--name", help="the profile's name")
     parser.add_argument("--out", type=pathlib.Path, help="write the profile and ratios here")
+    parser.add_argument(
+        "--compile", type=pathlib.Path, help="--device: the compile grid's results (envelope)"
+    )
     args = parser.parse_args(argv)
     if args.device:
         _main_device(parser, args)
         return
+    if args.compile:
+        parser.error("--compile: the fused kernels' envelope is a device's (--device)")
     rows = [s for path in args.results for s in samples(read_json(path))]
     if not rows:
         parser.error("no row with an HLO count and a measured backward")

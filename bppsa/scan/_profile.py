@@ -1,12 +1,13 @@
 """Every constant fitted to a machine, one profile per backend, in one place.
 
 A :class:`Profile` holds what ``bppsa`` measured rather than derived, in three parts: the cost
-model's :class:`Rates`, ``Auto()``'s thresholds on CPUs (:class:`Rules`) and the element
-kernels' switches (:class:`Kernels`: the small-size switches, the sparse kernels' choices).
-:data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on one NVIDIA H200 (its
-rates, by which ``Auto()`` ranks the methods on accelerators; its rules and kernels keep the
-CPU's defaults). Each field names, in a comment, the benchmark and the result file that
-measured it; the measurements themselves are on the Performance page of the documentation.
+model's :class:`Rates`, ``Auto()``'s thresholds on CPUs (:class:`Rules`) and the
+kernels' switches (:class:`Kernels`: the small-size switches, the sparse kernels' choices, the
+fused loops' envelope). :data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on
+one NVIDIA H200 (its rates, by which ``Auto()`` ranks the methods on accelerators; its rules
+and kernels keep the CPU's defaults, the fused loops' envelope assumed until measured). Each
+field names, in a comment, the benchmark and the result file that measured it; the
+measurements themselves are on the Performance page of the documentation.
 
 :func:`bppsa.set_profile` replaces a backend's profile (e.g. one fitted by
 ``python -m benchmarks.tools.fit_profile`` on another machine) and :func:`bppsa.get_profile` reads
@@ -153,11 +154,13 @@ class Rules:
 
 SPGEMM_METHODS = ("auto", "padded", "bucketed", "segment")
 SPMV_METHODS = ("padded", "segment")
+# The fields of Kernels that bound the fused loops.
+ENVELOPE = ("fused_max_tile", "fused_max_resident")
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
-    """The element kernels' switches: what a product or an application of maps runs as.
+    """The kernels' switches: what a product, an application of maps or a fused loop runs as.
 
     They reach the kernels through :mod:`bppsa.scan._kernels` (never by reading a profile while
     the kernels are traced).
@@ -176,6 +179,13 @@ class Kernels:
         densify_density: a sparse product is stored dense above this output density.
         densify_pair_ratio: a sparse product runs as a GEMM above this ratio of matched pairs
             to ``n0 n1 n2``.
+        fused_max_tile, fused_max_resident: the envelope of the fused loops (``bppsa.Fused()``,
+            ``bppsa.FusedSequential()``), in entries after padding to powers of two: the
+            largest array one operation of the loop may form, and the most the constants and
+            the carry the kernel keeps loaded may hold. A loop beyond either runs in
+            ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernel in Pallas'
+            interpreter, which has no on-chip memory; it keeps the defaults, the H200's
+            placeholders, so that the interpreter runs the cases a device would.
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -193,11 +203,16 @@ class Kernels:
     spmv_method: str = "segment"
     densify_density: float = 0.4
     densify_pair_ratio: float = 0.005
+    # ASSUMED, not measured: from register files of 64K 32-bit registers per SM; the compile
+    # grid of benchmarks/gpu.sh (fused_compile_gpu.jsonl) measures them, and
+    # benchmarks.tools.fit_profile --compile sets them from it
+    fused_max_tile: int = 1 << 16
+    fused_max_resident: int = 1 << 17
 
     def __post_init__(self):
         for field in ("small_rows", "small_size", "small_unroll_rows"):
             _check_number("Kernels", field, getattr(self, field), integer=True, zero=True)
-        for field in ("small_unroll", "tiled_one_row_unroll"):
+        for field in ("small_unroll", "tiled_one_row_unroll", *ENVELOPE):
             _check_number("Kernels", field, getattr(self, field), integer=True)
         for field in ("densify_density", "densify_pair_ratio"):
             _check_number("Kernels", field, getattr(self, field), zero=True)
@@ -294,6 +309,10 @@ GPU = Profile(
         # measures it (fused_gpu.json) for benchmarks.tools.fit_profile to replace
         fused_step_latency=1e-6,
     ),
+    # ASSUMED, not measured: the fused loops' envelope, placeholders from register files of 64K
+    # 32-bit registers per SM; benchmarks/gpu.sh's compile grid (fused_compile_gpu.jsonl)
+    # measures it for benchmarks.tools.fit_profile --compile to replace
+    kernels=Kernels(fused_max_tile=1 << 16, fused_max_resident=1 << 17),
 )
 
 

@@ -3,6 +3,8 @@ interpreter): their fields, the fused values against ``lax.scan``'s, the cuDNN r
 point where cuDNN's LSTM is needed, the compile grid with the envelope lifted, and the real
 run's grids as issue 43 asks for them. No timing is asserted beyond "it was measured"."""
 
+import contextlib
+import dataclasses
 import functools
 
 import jax
@@ -21,7 +23,6 @@ from benchmarks._fused_rows import (
     lstm_params,
     problem,
 )
-from bppsa.scan._core.fused import forward as fused_forward
 from paper_figures.result_files import JsonLines
 
 # float32: the kernel sums its products in another order than XLA's dot (<= 2e-7 measured over
@@ -34,6 +35,19 @@ RTOL = 1e-5
 def highest_precision():
     with jax.default_matmul_precision("highest"):
         yield
+
+
+@contextlib.contextmanager
+def envelope(**limits):
+    """Inside the block, the default backend's profile has the fused envelope ``limits``."""
+    backend = jax.default_backend()
+    profile = bppsa.get_profile(backend)
+    kernels = dataclasses.replace(profile.kernels, **limits)
+    bppsa.set_profile(backend, dataclasses.replace(profile, kernels=kernels))
+    try:
+        yield
+    finally:
+        bppsa.set_profile(backend, None)
 
 
 @pytest.mark.parametrize(("cell", "hidden", "inputs"), [("rnn", 20, 1), ("lstm", 20, 3),
@@ -64,10 +78,10 @@ def test_a_diagonal_row_times_the_split_lanes_against_one_program():
     assert "lanes split" in fused.describe(row)
 
 
-def test_a_forward_row_outside_the_envelope_says_why_and_does_not_time_the_kernel(monkeypatch):
-    monkeypatch.setattr(fused_forward, "MAX_TILE", 16)
-    row = forward_row(Case("rnn", 20, 5, 2, 1), rounds=1)
-    assert "the kernel's envelope: 16" in row["fused_why_not"]
+def test_a_forward_row_outside_the_envelope_says_why_and_does_not_time_the_kernel():
+    with envelope(fused_max_tile=16):
+        row = forward_row(Case("rnn", 20, 5, 2, 1), rounds=1)
+    assert "fused_max_tile: 16" in row["fused_why_not"]
     assert row["fused_forward"] == "'sequential'" and row["fused_difference"] is None
     assert row["fused_ms"] is None and row["fused_speedup_min"] is None
     assert row["lax_scan_ms"] > 0 and row["default_ms"] > 0
@@ -91,6 +105,7 @@ def test_a_grad_row_records_each_runs_plan_and_its_difference_from_bp():
         assert row[f"{name}_ms"] > 0 and row[f"{name}_min_ms"] > 0, name
     assert row["fused_blelloch_forward"] == "Fused()"
     assert row["fused_sequential_method"] == "FusedSequential()"
+    assert row["fused_sequential_backward_because"] is None  # its kernel ran
     assert row["fused_sequential_difference"] < 1e-5
     assert row["fused_blelloch_method"] == "Blelloch()"
     assert row["defaults_forward"] and row["defaults_method"]
@@ -122,7 +137,7 @@ def test_cudnn_weights_become_the_librarys_lstm_parameters():
     assert float(jnp.max(jnp.abs(ours - h[0]))) <= RTOL
 
 
-def test_the_compile_grid_lifts_the_envelope_and_counts_it(monkeypatch):
+def test_the_compile_grid_lifts_the_envelope_and_counts_it():
     row = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
     assert row["status"] == "compiled" and row["envelope_lifted"]
     assert row["library_why_not"] is None and row["why_not"] is None
@@ -130,17 +145,18 @@ def test_the_compile_grid_lifts_the_envelope_and_counts_it(monkeypatch):
     # W_hh's three gate blocks: (32, 32) products after padding, three of them kept loaded.
     assert row["tile"] == 32 * 32 and row["resident"] >= 3 * 32 * 32
     assert row["library_envelope"] == _fused_envelope.limits()
-    monkeypatch.setattr(fused_forward, "MAX_RESIDENT", row["resident"] - 1)
-    outside = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
-    assert "constants and carry hold" in outside["library_why_not"]
+    with envelope(fused_max_resident=row["resident"] - 1):
+        outside = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
+        assert bppsa.get_profile().kernels.fused_max_resident == row["resident"] - 1  # restored
+    assert "fused_max_resident" in outside["library_why_not"]
     assert outside["status"] == "compiled" and outside["why_not"] is None  # lifted
-    assert row["resident"] - 1 == fused_forward.MAX_RESIDENT  # restored after the grid
+    assert outside["library_envelope"]["fused_max_resident"] == row["resident"] - 1
 
 
 def test_the_envelope_module_still_reads_the_library():
     # It reads internals: when they move, this fails loudly (the benchmark falls back).
     limits = _fused_envelope.limits()
-    assert isinstance(limits["MAX_TILE"], int) and isinstance(limits["MAX_RESIDENT"], int)
+    assert limits == {"fused_max_tile": 1 << 16, "fused_max_resident": 1 << 17}
     body = lambda h, x: (jnp.tanh(jnp.ones((20, 20)) @ h + x), None)
     assert _fused_envelope.sizes(body, jnp.zeros(20), jnp.ones((4, 20))) == {
         "tile": 32 * 32,

@@ -223,7 +223,7 @@ def test_dry_run_runs_the_fused_compile_grid(dry_run):
     assert all(r["tile"] > 0 and r["resident"] > 0 for r in points)
     (summary,) = [r for r in rows if r["part"] == "compile-summary"]
     assert summary["cells"]["gru"]["largest_compiled"]["hidden"] == 20
-    assert set(summary["library_envelope"]) == {"MAX_TILE", "MAX_RESIDENT"}
+    assert set(summary["library_envelope"]) == {"fused_max_tile", "fused_max_resident"}
 
 
 def test_dry_run_runs_the_language_models_training_step(dry_run):

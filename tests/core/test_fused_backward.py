@@ -33,6 +33,7 @@ from tests.helpers import relative_errors
 RTOL = 1e-5
 T, I = 7, 3
 METHOD = bppsa.FusedSequential()
+KERNELS = bppsa.Kernels()  # the default envelope
 
 
 def weight(rows, cols, seed):
@@ -123,7 +124,7 @@ def test_gradients_equal_back_propagation(name, launches):
     with bppsa.trace_plans() as plans:
         actual, expected = gradients(name, xs_of())
     assert set(launches) == {(True, T)}  # the kernel, all steps, in reverse
-    assert plans[0].backward == METHOD
+    assert plans[0].backward == METHOD and plans[0].backward_because is None
     assert_close(actual, expected)
 
 
@@ -187,17 +188,17 @@ def test_the_loop_runs_only_the_cotangents_cone():
     one product with ``W_hh`` and adds what the output sends. The GRU: four scalings, three
     (20, 20) products and their sums, no move (slice, split) of the cotangent; the LSTM (a
     pytree carry): five scalings fewer than JAX's VJP has."""
-    made = fused_backward.plan(problem_of("rnn"), offsets=True)
+    made = fused_backward.plan(problem_of("rnn"), offsets=True, kernels=KERNELS)
     names = [e.primitive.name for e in made.reverse.recurrence]
     assert names == ["mul", "dot_general", "add"]
     assert [v.aval.shape for v in made.reverse.constant_residuals] == [(20, 20)]
     assert [v.aval.shape for v in made.reverse.step_residuals] == [(20,), (20,)]
-    made = fused_backward.plan(problem_of("gru"), offsets=False)
+    made = fused_backward.plan(problem_of("gru"), offsets=False, kernels=KERNELS)
     names = [e.primitive.name for e in made.reverse.recurrence]
     assert names.count("mul") == 4 and len(names) == 10
     dots = [e for e in made.reverse.recurrence if e.primitive.name == "dot_general"]
     assert [e.outvars[0].aval.shape for e in dots] == [(20,)] * 3
-    made = fused_backward.plan(problem_of("lstm"), offsets=False)
+    made = fused_backward.plan(problem_of("lstm"), offsets=False, kernels=KERNELS)
     # JAX's own VJP of the LSTM step differs by version: 16 after folding on JAX 0.10, 14 on
     # JAX 0.12.
     assert len(made.reverse.recurrence) <= 16
@@ -277,9 +278,35 @@ def test_float64_loops_in_lax_scan(x64, launches):
         carry, ys = scan(lambda h, x: (rnn_cell(params, h, x), h), init, xs)
         return jnp.sum(jnp.sin(ys)) + carry.sum()
 
-    actual = bppsa.grad(functools.partial(loss, bppsa.scan), method=METHOD)(params, xs)
+    with bppsa.trace_plans() as plans:
+        actual = bppsa.grad(functools.partial(loss, bppsa.scan), method=METHOD)(params, xs)
     assert not launches
+    assert plans[0].backward == METHOD
+    assert plans[0].backward_because.startswith("the fused kernel: a carry of float64")
     assert_close(actual, jax.grad(functools.partial(loss, lax.scan))(params, xs), 1e-10)
+
+
+def test_the_envelope_is_the_profiles(launches):
+    """With a profile whose envelope holds 1024 entries, the RNN at H = 20 (``W_hh^T`` 32 x 32
+    and the cotangent, 1056 entries, kept loaded) loops in lax.scan both ways, and the plan says
+    why; the default envelope runs the kernel."""
+    problem = problem_of("rnn")
+    kernels = dataclasses.replace(GPU.kernels, fused_max_resident=1024)
+    tiny = dataclasses.replace(GPU, kernels=kernels)
+    assert METHOD.why_not(problem) is None and METHOD.why_not(problem, GPU) is None
+    reason = "hold 1056 entries after padding (the envelope's fused_max_resident: 1024)"
+    assert reason in METHOD.why_not(problem, tiny)
+    launches.clear()  # the default's abstract build
+    bppsa.set_profile("cpu", tiny)
+    try:
+        with bppsa.trace_plans() as plans:
+            actual, expected = gradients("rnn", xs_of(), forward="fused")
+    finally:
+        bppsa.set_profile("cpu", None)
+    assert not launches
+    assert plans[0].backward == METHOD and reason in plans[0].backward_because
+    assert "fused_max_resident: 1024" in plans[0].forward_because
+    assert_close(actual, expected)
 
 
 def test_a_step_that_cannot_be_traced_falls_back_to_the_sequential_scan(monkeypatch, launches):

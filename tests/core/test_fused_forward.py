@@ -6,6 +6,9 @@ library's derivative rules with ``jax.grad`` through ``lax.scan``, and its lower
 under an abstract H200 is checked to hold the Triton kernel and no while loop of its own.
 """
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,11 +29,13 @@ from bppsa.models import (
     rnn_cell,
 )
 from bppsa.scan._core import tracing
+from bppsa.scan._core.forward import SequentialForward
 from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused import kernel, lanes, lowering, padded
 from bppsa.scan._core.fused.forward import Fused
 from bppsa.scan._core.fused.jaxprs import flat_jaxpr
 from bppsa.scan._core.problem import prepare
+from bppsa.scan._profile import GPU
 from tests.helpers import relative_errors
 
 # float32: the kernel's matrix-vector products sum in another order than XLA's dot, so values
@@ -137,7 +142,7 @@ CELLS = {
 
 def fused_plan(body, init, xs):
     problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-    return Fused()._plan(problem), Fused().why_not(problem)
+    return Fused()._plan(problem, bppsa.Kernels()), Fused().why_not(problem)
 
 
 # ---- values ----------------------------------------------------------------------------------
@@ -270,8 +275,8 @@ def test_lanes_that_mix_are_not_split():
     assert fused_plan(body, init, xs)[0].tiled is None
     body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)
     problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-    assert Fused(lanes=None)._plan(problem).tiled is None
-    assert Fused(lanes=64)._plan(problem).tiled.count == 5
+    assert Fused(lanes=None)._plan(problem, bppsa.Kernels()).tiled is None
+    assert Fused(lanes=64)._plan(problem, bppsa.Kernels()).tiled.count == 5
     with pytest.raises(ValueError, match="lanes must be a positive int"):
         Fused(lanes=0)
 
@@ -296,6 +301,32 @@ def test_float64_falls_back(x64):
     actual = bppsa.scan(body, init, xs, forward="fused")
     expected = lax.scan(body, init, xs)
     assert max(relative_errors(actual, expected)) <= 1e-12
+
+
+def test_the_envelope_is_the_profiles():
+    """The RNN at H = 20 keeps 1088 entries loaded after padding (``W_hh`` 32 x 32, ``b_hh`` and
+    the carry 32 each): a profile whose envelope holds 1024 falls back, naming the limit; the
+    default and the H200's run the kernel. A plan made under one envelope is not another's."""
+    body, init = CELLS["rnn"](20)
+    xs = xs_of()
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    kernels = dataclasses.replace(GPU.kernels, fused_max_resident=1024)
+    tiny = dataclasses.replace(GPU, kernels=kernels)
+    assert Fused().why_not(problem) is None and Fused().why_not(problem, GPU) is None
+    reason = Fused().why_not(problem, tiny)
+    assert reason == (
+        "its constants and carry hold 1088 entries after padding (the envelope's "
+        "fused_max_resident: 1024)"
+    )
+    assert Fused().why_not(problem, GPU) is None
+    for profile, forward in ((GPU, Fused()), (tiny, SequentialForward())):  # the decision's
+        scan = functools.partial(bppsa.scan, forward="fused", method=bppsa.Auto(profile=profile))
+        with bppsa.trace_plans() as plans:
+            jax.eval_shape(lambda x, scan=scan: scan(body, init, x), xs)
+        assert plans[0].forward == forward
+        assert plans[0].forward_because == (
+            None if profile is GPU else f"the fused kernel: {reason}"
+        )
 
 
 def test_a_planted_mask_leak_fails(monkeypatch):

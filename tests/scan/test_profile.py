@@ -86,6 +86,8 @@ def test_bad_profiles_are_refused():
         bppsa.Rates(0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="spmv_method"):
         bppsa.Kernels(spmv_method="dense")
+    with pytest.raises(ValueError, match="fused_max_resident must be a positive integer"):
+        bppsa.Kernels(fused_max_resident=0)
     with pytest.raises(TypeError, match=r"Profile: rates must be a bppsa\.Rates"):
         bppsa.Profile("x", 0.0)
     with pytest.raises(TypeError, match=r"profile must be a bppsa\.Profile"):

@@ -152,6 +152,7 @@ def scan(
         batch=problem.batch,
         forward=decision.forward,
         forward_because=decision.forward_because,
+        backward_because=decision.backward_because,
     )
     run = vjp.differentiable(decision, problem, plan)
     if reverse:

@@ -31,7 +31,7 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
-from bppsa.scan._core.methods import Auto, Method, Policy, as_policy
+from bppsa.scan._core.methods import Auto, FusedSequential, Method, Policy, as_policy
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.newton import Newton
@@ -57,13 +57,17 @@ class Decision:
             the Jacobians where plain back-propagation meets a forward other than
             ``lax.scan``); ``None`` where it does not fit the memory limit (``memory_error``).
         forward: the forward pass (Newton with its solver picked).
-        forward_because: why, where the forward's policy chose it (``None``: asked for).
+        forward_because: why, where the forward's policy chose it (``None``: asked for), or
+            why the fused forward asked for cannot run (the envelope: the profile's).
         shares_jacobians: whether the forward hands its Jacobians to the backward.
         profile: the measured constants the choices were made by.
         precision: of the library's own products (``None``: ``"highest"``).
         memory_limit: bytes the backward may use (``None``: the device's available memory).
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, raised where the backward is traced.
+        backward_because: why ``FusedSequential()``'s reverse loop does not run in its kernel
+            (:meth:`~bppsa.FusedSequential.why_not` on the profile; ``None``: it does, or the
+            backward is another method).
     """
 
     requested: Method | Policy
@@ -77,6 +81,7 @@ class Decision:
     memory_limit: float | None
     check_finite: bool
     memory_error: MemoryLimitError | None = None
+    backward_because: str | None = None
 
     @property
     def kernels(self) -> Kernels:
@@ -132,9 +137,9 @@ def decide(problem: Problem, options: Options) -> Decision:
     forward_because = None
     if isinstance(asked, AutoForward):
         solver = backward if backward is not None and backward.uses_jacobians else None
-        fused = None if profile.measured_rules else Fused().why_not(problem)
+        fused = None if profile.measured_rules else Fused().why_not(problem, profile)
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
-    elif isinstance(asked, Fused) and (reason := asked.why_not(problem)) is not None:
+    elif isinstance(asked, Fused) and (reason := asked.why_not(problem, profile)) is not None:
         forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
@@ -159,6 +164,9 @@ def decide(problem: Problem, options: Options) -> Decision:
         and backward.supports.forward_jacobians
         and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
     )
+    backward_because = None
+    if isinstance(backward, FusedSequential) and (reason := backward.why_not(problem, profile)):
+        backward_because = f"the fused kernel: {reason}"
     return Decision(
         requested=requested,
         method=method,
@@ -171,6 +179,7 @@ def decide(problem: Problem, options: Options) -> Decision:
         memory_limit=limit,
         check_finite=check_finite,
         memory_error=error,
+        backward_because=backward_because,
     )
 
 

@@ -32,7 +32,12 @@ class ScanPlan:
         backward: the method that ran the backward pass, after the memory guard (``None``
             until the backward is traced, and for plain ``lax.scan``).
         forward: how the forward pass runs (``'sequential'``: ``lax.scan``; ``Newton(...)``).
-        forward_because: why, where the forward policy chose it (``None``: asked for).
+        forward_because: why, where the forward policy chose it (``None``: asked for), or
+            why the fused forward asked for cannot run (then ``forward`` is ``lax.scan``).
+        backward_because: why ``FusedSequential()``'s reverse loop cannot run in its kernel
+            (e.g. ``"the fused kernel: a carry of float64 ..."``; the loop then runs in
+            ``lax.scan``, or the backward is ``SequentialScan()``'s where the step's VJP
+            cannot be traced); ``None``: it runs there, or the backward is another method.
         whole_batch: whether the backward ran on the ``jax.vmap`` batch as one array (the
             shared parameters' cotangents as one product over steps and examples) rather
             than example by example (``None`` until the backward is traced).
@@ -51,6 +56,7 @@ class ScanPlan:
     backward: Any = None
     forward: Any = None
     forward_because: str | None = None
+    backward_because: str | None = None
     whole_batch: bool | None = None
     dense_because: str | None = None
     forward_jacobians: bool | None = None

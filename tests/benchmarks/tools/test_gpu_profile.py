@@ -1,7 +1,8 @@
 """The GPU profile against the H200's measurements: Auto()'s picks at the measured rows, the
 profile as benchmarks.tools.fit_profile finds it in the committed files, and the device fit's
 reading of sound timings (whole gradients, pullbacks timed alone; never total - forward) on
-synthetic files whose times a known profile predicts."""
+synthetic files whose times a known profile predicts, and the fused envelope read from a
+synthetic compile grid."""
 
 import json
 import pathlib
@@ -9,7 +10,7 @@ import pathlib
 import pytest
 
 import bppsa
-from benchmarks import _speed_model
+from benchmarks import _fused_compile, _speed_model
 from benchmarks.tools import fit_profile
 from bppsa.scan import _profile
 
@@ -186,3 +187,61 @@ def test_the_device_fit_refuses_a_run_without_sound_timings(tmp_path, capsys):
     other.write_text(json.dumps(dict(rows=[dict(cell="rnn")])))
     with pytest.raises(ValueError, match="not a speed"):
         fit_profile.timings(other)
+
+
+def compile_point(cell, hidden, status, tile, resident):
+    return dict(part="compile", cell=cell, hidden=hidden, status=status, compile_s=1.0,
+                tile=tile, resident=resident)  # fmt: skip
+
+
+def compile_file(tmp_path, points):
+    """A compile grid's results file, its summary row last (as ``benchmarks.fused`` writes it)."""
+    path = tmp_path / "fused_compile_gpu.jsonl"
+    rows = [*points, _fused_compile.summary(points)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# The RNN compiled up to H = 64 and failed at 128; the GRU compiled at H = 32 and failed at 64
+# with the RNN's largest tile but three times its constants: the limits are the largest counts
+# that compiled, and each failure lies beyond one of them.
+POINTS = [
+    compile_point("rnn", 16, "compiled", 256, 300),
+    compile_point("rnn", 64, "compiled", 4096, 4200),
+    compile_point("rnn", 128, "failed", 16384, 16500),
+    compile_point("gru", 32, "compiled", 1024, 3200),
+    compile_point("gru", 64, "failed", 4096, 12500),
+    compile_point("lstm", 16, "not fused", None, None),
+]
+
+
+def test_the_envelope_is_the_largest_counts_the_compile_grid_compiled(tmp_path, capsys):
+    path = compile_file(tmp_path, POINTS)
+    limits = fit_profile.envelope(path)
+    assert limits == {"fused_max_tile": 4096, "fused_max_resident": 4200}
+    fitted = fit_profile.with_envelope(_profile.GPU, limits)
+    assert (fitted.kernels.fused_max_tile, fitted.kernels.fused_max_resident) == (4096, 4200)
+    assert fitted.rates == _profile.GPU.rates
+    assert fitted.kernels.small_rows == _profile.GPU.kernels.small_rows
+    speed = tmp_path / "speed_gpu.json"
+    speed.write_text(json.dumps(speed_payload(pullback=False)))
+    out = tmp_path / "fit.json"
+    fit_profile.main(["--device", str(speed), "--compile", str(path), "--out", str(out)])
+    result = json.loads(out.read_text())["profile"]
+    assert (result["fused_max_tile"], result["fused_max_resident"]) == (4096, 4200)
+    assert "fused_max_tile=4096, fused_max_resident=4200" in capsys.readouterr().out
+
+
+def test_the_envelope_refuses_a_grid_it_cannot_describe(tmp_path):
+    inside = compile_point("lstm", 20, "failed", 1024, 4000)  # within both limits
+    with pytest.raises(ValueError, match="lstm at H = 20 failed with tile 1024 and resident 4000"):
+        fit_profile.envelope(compile_file(tmp_path, [*POINTS, inside]))
+    failed = [p for p in POINTS if p["status"] != "compiled"]
+    with pytest.raises(ValueError, match="no point of the compile grid compiled"):
+        fit_profile.envelope(compile_file(tmp_path, failed))
+    path = tmp_path / "points.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in POINTS))
+    with pytest.raises(ValueError, match="no compile-summary row"):
+        fit_profile.envelope(path)
+    with pytest.raises(SystemExit):
+        fit_profile.main([str(path), "--compile", str(path)])

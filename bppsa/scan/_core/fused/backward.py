@@ -18,7 +18,9 @@ step ``t``'s output ``y_t`` sends to its carry). Nothing forms ``J_t``:
    (:func:`~bppsa.scan._core.fused.kernel.carries_after`, ``reverse=True``): the cotangent on
    chip, the per-step factors streamed in, every ``g_t`` streamed out. On the CPU the kernel runs
    in Pallas' interpreter; on platforms without Pallas, or where the kernel cannot run the
-   reverse step (:func:`why_not`), the same reverse step runs in ``lax.scan``.
+   reverse step (:func:`why_not`: within the envelope of the profile's
+   :class:`~bppsa.scan._profile.Kernels`, as for the fused forward), the same reverse step
+   runs in ``lax.scan``.
 
 A reverse step the tracer cannot build (:func:`plan`'s reason string) is left to the caller.
 """
@@ -43,6 +45,7 @@ from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, spli
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout
     from bppsa.scan._core.problem import Problem
+    from bppsa.scan._profile import Kernels
 
 KERNEL_NAME = "bppsa_fused_backward"
 
@@ -70,18 +73,21 @@ class Plan:
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def plan(problem: Problem, *, offsets: bool) -> Plan | str:
+def plan(problem: Problem, *, offsets: bool, kernels: Kernels) -> Plan | str:
     """The split step and reverse step of ``problem`` (one example's shapes), or why they
-    cannot be built. ``offsets``: whether the outputs send cotangents to the carries."""
+    cannot be built. ``offsets``: whether the outputs send cotangents to the carries;
+    ``kernels``: whose envelope bounds the kernel (:attr:`Plan.reason`)."""
     plans = _PLANS.setdefault(problem, {})
-    if offsets not in plans:
-        plans[offsets] = _make_plan(problem, offsets)
-    return plans[offsets]
+    key = (offsets, fused_forward.envelope(kernels))  # other limits: another plan
+    if key not in plans:
+        plans[key] = _make_plan(problem, offsets, kernels)
+    return plans[key]
 
 
-def why_not(problem: Problem) -> str | None:
-    """Why the kernel cannot run ``problem``'s backward loop (``None``: it can)."""
-    made = plan(problem, offsets=True)
+def why_not(problem: Problem, kernels: Kernels) -> str | None:
+    """Why the kernel cannot run ``problem``'s backward loop within the envelope of
+    ``kernels`` (``None``: it can), for outputs that send cotangents to the carries."""
+    made = plan(problem, offsets=True, kernels=kernels)
     return made if isinstance(made, str) else made.reason
 
 
@@ -89,7 +95,7 @@ def _avals(variables) -> list:
     return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
 
 
-def _make_plan(problem: Problem, offsets: bool) -> Plan | str:
+def _make_plan(problem: Problem, offsets: bool, kernels: Kernels) -> Plan | str:
     if problem.length < 1:
         return "an empty scan (length 0)"
     try:
@@ -103,11 +109,11 @@ def _make_plan(problem: Problem, offsets: bool) -> Plan | str:
         reverse = split_step(reverse_step, g, x, k)
     except Exception as err:  # any failure of the tracing: the caller falls back
         return f"the reverse step could not be traced: {type(err).__name__}: {err}"
-    return Plan(forward, reverse, mask, _kernel_problem(reverse, problem.length))
+    return Plan(forward, reverse, mask, _kernel_problem(reverse, problem.length, kernels))
 
 
-def _kernel_problem(reverse: Split, length: int) -> str | None:
-    reason = fused_forward._unsupported(reverse)
+def _kernel_problem(reverse: Split, length: int, kernels: Kernels) -> str | None:
+    reason = fused_forward._unsupported(reverse, kernels)
     if reason is not None:
         return reason
     const_shapes = _avals(reverse.constant_residuals)

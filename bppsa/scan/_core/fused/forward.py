@@ -8,6 +8,12 @@ steps at once, and only the carry's dependence cone runs in the kernel
 (``lax.platform_dependent``): on CUDA the kernel (Triton), on the CPU the same kernel in Pallas'
 interpreter, elsewhere ``lax.scan``. A scan the kernel cannot run (:meth:`Fused.why_not`) runs
 ``lax.scan``: never an error.
+
+The envelope, the largest arrays the kernel takes, is data of the profile
+(:class:`~bppsa.scan._profile.Kernels`' ``fused_max_tile`` and ``fused_max_resident``): the
+decision passes its profile to :meth:`Fused.why_not`, and the kernel reads the same
+:class:`~bppsa.scan._profile.Kernels` when it is traced, from the decision's
+:meth:`~bppsa.scan._core.decision.Decision.library` context (:mod:`bppsa.scan._kernels`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
+from bppsa.scan import _kernels
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
@@ -32,12 +39,13 @@ from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
+    from bppsa.scan._profile import Kernels, Profile
 
-# The envelope (entries, after padding): the largest array one operation of the recurrence
-# forms, and the constants the kernel keeps loaded. Set from register files of 64K 32-bit
-# registers per SM; the compile grid of issue 43 (item 4e) is to settle them on a device.
-MAX_TILE = 1 << 16
-MAX_RESIDENT = 1 << 17
+
+def envelope(kernels: Kernels) -> tuple[int, int]:
+    """``(fused_max_tile, fused_max_resident)`` of ``kernels``: all a plan depends on of them
+    (the key of the plans' caches beside the problem)."""
+    return kernels.fused_max_tile, kernels.fused_max_resident
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -80,13 +88,15 @@ class Fused(Forward):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"Fused: {field} must be a positive int, got {value!r}.")
 
-    def why_not(self, problem: Problem) -> str | None:
-        """Why the kernel cannot run ``problem``'s scan (``None``: it can)."""
-        plan = self._plan(problem)
+    def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
+        """Why the kernel cannot run ``problem``'s scan (``None``: it can) within the envelope
+        of ``profile``'s kernels (``None``: the defaults, ``Kernels()``'s)."""
+        kernels = _kernels.DEFAULT if profile is None else profile.kernels
+        plan = self._plan(problem, kernels)
         return plan if isinstance(plan, str) else None
 
     def __call__(self, problem, consts, init, xs, *, keep):
-        plan = self._plan(problem)
+        plan = self._plan(problem, _kernels.current())  # the decision's: see the module
         if isinstance(plan, str):
             return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
 
@@ -100,11 +110,12 @@ class Fused(Forward):
             list(consts), init, xs, cpu=kernel(True), cuda=kernel(False), default=sequential
         )
 
-    def _plan(self, problem: Problem) -> _Plan | str:
+    def _plan(self, problem: Problem, kernels: Kernels) -> _Plan | str:
         plans = _PLANS.setdefault(problem, {})
-        if self.lanes not in plans:
-            plans[self.lanes] = _make_plan(problem, self)
-        return plans[self.lanes]
+        key = (self.lanes, *envelope(kernels))
+        if key not in plans:  # a plan made under other limits or lanes is another entry
+            plans[key] = _make_plan(problem, self, kernels)
+        return plans[key]
 
     def __repr__(self) -> str:
         fields = [f"num_warps={self.num_warps}"] if self.num_warps != 4 else []
@@ -112,8 +123,9 @@ class Fused(Forward):
         return f"Fused({', '.join(fields)})"
 
 
-def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
-    """The split step of ``problem``, or why the kernel cannot run it."""
+def _make_plan(problem: Problem, forward: Fused, kernels: Kernels) -> _Plan | str:
+    """The split step of ``problem``, or why the kernel cannot run it (within the envelope of
+    ``kernels``)."""
     if problem.length < 1:
         return "an empty scan (length 0)"
     try:
@@ -121,7 +133,7 @@ def _make_plan(problem: Problem, forward: Fused) -> _Plan | str:
     except Exception as err:  # any failure of the split falls back
         return f"the step could not be split: {type(err).__name__}: {err}"
     tiled = _tiled(split, forward.lanes)
-    reason = _unsupported(split if tiled is None else tiled)
+    reason = _unsupported(split if tiled is None else tiled, kernels)
     if reason is not None:
         return reason
     plan = _Plan(split, ys_tree, tiled)
@@ -153,7 +165,9 @@ def _tiled(split: Split, lanes: int | None) -> Tiled | None:
         return None
 
 
-def _unsupported(split: Split | Tiled) -> str | None:
+def _unsupported(split: Split | Tiled, kernels: Kernels) -> str | None:
+    """Why the kernel cannot run the loop of ``split`` (or of its tile): a type, a primitive
+    without a padded rule, or arrays beyond the envelope of ``kernels`` (``None``: it can)."""
     for v in split.carry_in:
         dtype = np.dtype(v.aval.dtype)
         if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
@@ -163,19 +177,19 @@ def _unsupported(split: Split | Tiled) -> str | None:
         if reason is not None:
             return reason
         tile = padded.largest_tile(eqn)
-        if tile > MAX_TILE:
+        if tile > kernels.fused_max_tile:
             return (
                 f"the primitive {eqn.primitive.name!r} forms {tile} entries after padding "
-                f"(the kernel's envelope: {MAX_TILE})"
+                f"(the envelope's fused_max_tile: {kernels.fused_max_tile})"
             )
     resident = sum(
         math.prod(padded.padded_shape(v.aval.shape))
         for v in [*split.constant_residuals, *split.carry_in]
     )
-    if resident > MAX_RESIDENT:
+    if resident > kernels.fused_max_resident:
         return (
-            f"its constants and carry hold {resident} entries after padding (the kernel's "
-            f"envelope: {MAX_RESIDENT})"
+            f"its constants and carry hold {resident} entries after padding (the envelope's "
+            f"fused_max_resident: {kernels.fused_max_resident})"
         )
     return None
 

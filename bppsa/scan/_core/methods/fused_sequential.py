@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan import _algorithms
+from bppsa.scan import _algorithms, _kernels
 from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
@@ -89,11 +89,14 @@ class FusedSequential(Method):
         if bad_type or self.num_warps < 1:
             raise ValueError(f"num_warps must be a positive int, got {self.num_warps!r}.")
 
-    def why_not(self, problem: Problem) -> str | None:
-        """Why the kernel cannot run ``problem``'s backward loop (``None``: it can); the loop
+    def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
+        """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) within the
+        envelope of ``profile``'s kernels (``None``: the defaults, ``Kernels()``'s); the loop
         then runs in ``lax.scan`` (or, if the step's VJP cannot be traced, the backward is
-        :class:`SequentialScan`'s)."""
-        return fused_backward.why_not(problem)
+        :class:`SequentialScan`'s). The scan's decision records it
+        (``bppsa.trace_plans()``'s ``backward_because``)."""
+        kernels = _kernels.DEFAULT if profile is None else profile.kernels
+        return fused_backward.why_not(problem, kernels)
 
     def scan(self, g_last, maps, offsets):
         # Called only for forward mode's tangent recurrence, over the Jacobians formed for it.
@@ -104,7 +107,8 @@ class FusedSequential(Method):
     ):
         if jacobians is not None:
             require(self, "forward_jacobians")
-        made = fused_backward.plan(problem, offsets=ct_ys is not None)
+        # The decision's kernels (its library() context), whose envelope why_not was given.
+        made = fused_backward.plan(problem, offsets=ct_ys is not None, kernels=_kernels.current())
         if isinstance(made, str):
             return SEQUENTIAL_SCAN.backward(
                 problem, consts, carries_before, xs, g_last, ct_ys, check=check
