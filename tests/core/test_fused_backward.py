@@ -16,10 +16,21 @@ import pytest
 from jax import lax
 
 import bppsa
-from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.models import (
+    CIFGLSTM,
+    GRU,
+    LSTM,
+    RNN,
+    DiagonalGRU,
+    cifg_lstm_cell,
+    diagonal_gru_cell,
+    gru_cell,
+    lstm_cell,
+    rnn_cell,
+)
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
-from bppsa.scan._core.fused import factors, padded
+from bppsa.scan._core.fused import factors, kernel, padded
 from bppsa.scan._core.memory import footprint
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import CPU, GPU
@@ -63,6 +74,8 @@ CELLS = {
     "gru": library(GRU(), gru_cell),
     "lstm": library(LSTM(), lstm_cell),  # a pytree carry (h, c)
     "layer_norm": layer_norm,
+    "diagonal_gru": library(DiagonalGRU(), diagonal_gru_cell),
+    "cifg_lstm": library(CIFGLSTM(), cifg_lstm_cell),  # 2x2 blocks over (h_i, c_i)
 }
 
 
@@ -76,10 +89,10 @@ def loss(scan, cell, output, init, params, xs, *, reverse=False):
     return sum(jnp.sum(jnp.sin(a)) for a in jax.tree.leaves((carry, ys)))
 
 
-def gradients(name, xs, *, reverse=False, forward=None, method=METHOD):
+def gradients(name, xs, *, reverse=False, forward=None, method=METHOD, hidden=20):
     """``bppsa.grad`` with ``method`` and ``jax.grad`` through ``lax.scan``, w.r.t. the
     parameters, ``xs`` and the initial carry."""
-    cell, params, init, output = CELLS[name](20)
+    cell, params, init, output = CELLS[name](hidden)
     ours = functools.partial(loss, bppsa.scan, cell, output, reverse=reverse)
     reference = functools.partial(loss, lax.scan, cell, output, reverse=reverse)
     options = {} if forward is None else {"forward": forward}
@@ -154,6 +167,34 @@ def test_with_the_fused_forward(launches):
     actual, expected = gradients("rnn", xs_of(), forward="fused")
     assert_close(actual, expected)
     assert set(launches) == {(True, T)}
+
+
+@pytest.mark.parametrize(
+    ("name", "hidden", "tiles"), [("diagonal_gru", 300, 3), ("cifg_lstm", 200, 2)]
+)
+def test_independent_lanes_run_in_tiles(name, hidden, tiles, launches):
+    """The reverse loop of a diagonal GRU at H = 300 runs in 3 programs of 128 lanes, the CIFG
+    LSTM's at H = 200 in 2; with the fused forward (tiled too) and reversed."""
+    actual, expected = gradients(name, xs_of(5), reverse=True, forward="fused", hidden=hidden)
+    assert_close(actual, expected)
+    assert set(launches) == {(True, 5)}
+    made = fused_backward.plan(problem_of(name, hidden), offsets=True, kernels=KERNELS)
+    assert made.reason is None and (made.tiled.tile, made.tiled.count) == (128, tiles)
+    one = bppsa.FusedSequential(lanes=None)
+    assert (
+        fused_backward.plan(
+            problem_of(name, hidden), offsets=True, kernels=KERNELS, lanes=None
+        ).tiled
+        is None
+    )
+    assert repr(one) == "FusedSequential(lanes=None)"
+
+
+def test_a_planted_tile_index_fails(monkeypatch):
+    spec = kernel._tile_spec
+    monkeypatch.setattr(kernel, "_tile_spec", lambda block, axis, lead: spec(block, None, lead))
+    with pytest.raises(AssertionError):
+        assert_close(*gradients("diagonal_gru", xs_of(5), hidden=300))
 
 
 def test_forward_mode_uses_the_jacobians():
@@ -338,6 +379,19 @@ def test_the_cuda_lowering_holds_the_backward_kernel(forward):
         assert text.count(fused_backward.KERNEL_NAME) >= 1
         assert text.count("xla.gpu.triton") == (1 if forward == "sequential" else 2)
         assert text.count("stablehlo.while") == (1 if forward == "sequential" else 0)
+
+
+def test_the_cuda_lowering_splits_independent_lanes_across_programs():
+    """The CIFG LSTM's gradient at H = 4096, B = 8, both loops fused: each kernel a grid of 32
+    tiles of 128 lanes by the 8 examples."""
+    cell, params, init, output = CELLS["cifg_lstm"](4096)
+    ours = functools.partial(loss, bppsa.scan, cell, output, init)
+    batched = bppsa.grad(
+        lambda p, b: jax.vmap(ours, (None, 0))(p, b).sum(), method=METHOD, forward="fused"
+    )
+    text = cuda_text(batched, params, jnp.stack([xs_of(5)] * 8))
+    assert text.count("xla.gpu.triton") == 2 and "stablehlo.while" not in text
+    assert text.count("grid_x = 32") == 2 and text.count("grid_y = 8") == 2
 
 
 # ---- the method ------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
+from bppsa.scan._core.fused.lanes import LANES, Tiled
 from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
 
 if TYPE_CHECKING:
@@ -62,32 +63,39 @@ class Plan:
         float_mask: which carry leaves get cotangents.
         reason: why the kernel cannot run the reverse step (then ``lax.scan`` runs it), or
             ``None``.
+        tiled: the reverse step for one tile of the carry's lanes where they are independent
+            (:mod:`~bppsa.scan._core.fused.lanes`: the kernel runs a program per tile), or
+            ``None``: one program per example.
     """
 
     step: Split
     reverse: Split
     float_mask: tuple[bool, ...]
     reason: str | None
+    tiled: Tiled | None = None
 
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def plan(problem: Problem, *, offsets: bool, kernels: Kernels) -> Plan | str:
+def plan(
+    problem: Problem, *, offsets: bool, kernels: Kernels, lanes: int | None = LANES
+) -> Plan | str:
     """The split step and reverse step of ``problem`` (one example's shapes), or why they
     cannot be built. ``offsets``: whether the outputs send cotangents to the carries;
-    ``kernels``: whose envelope bounds the kernel (:attr:`Plan.reason`)."""
+    ``kernels``: whose envelope bounds the kernel (:attr:`Plan.reason`); ``lanes``: lanes per
+    program where the carry's lanes are independent (``None``: one program per example)."""
     plans = _PLANS.setdefault(problem, {})
-    key = (offsets, fused_forward.envelope(kernels))  # other limits: another plan
+    key = (offsets, lanes, fused_forward.envelope(kernels))  # other limits: another plan
     if key not in plans:
-        plans[key] = _make_plan(problem, offsets, kernels)
+        plans[key] = _make_plan(problem, offsets, kernels, lanes)
     return plans[key]
 
 
-def why_not(problem: Problem, kernels: Kernels) -> str | None:
+def why_not(problem: Problem, kernels: Kernels, lanes: int | None = LANES) -> str | None:
     """Why the kernel cannot run ``problem``'s backward loop within the envelope of
     ``kernels`` (``None``: it can), for outputs that send cotangents to the carries."""
-    made = plan(problem, offsets=True, kernels=kernels)
+    made = plan(problem, offsets=True, kernels=kernels, lanes=lanes)
     return made if isinstance(made, str) else made.reason
 
 
@@ -95,7 +103,7 @@ def _avals(variables) -> list:
     return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
 
 
-def _make_plan(problem: Problem, offsets: bool, kernels: Kernels) -> Plan | str:
+def _make_plan(problem: Problem, offsets: bool, kernels: Kernels, lanes: int | None) -> Plan | str:
     if problem.length < 1:
         return "an empty scan (length 0)"
     try:
@@ -109,11 +117,13 @@ def _make_plan(problem: Problem, offsets: bool, kernels: Kernels) -> Plan | str:
         reverse = split_step(reverse_step, g, x, k)
     except Exception as err:  # any failure of the tracing: the caller falls back
         return f"the reverse step could not be traced: {type(err).__name__}: {err}"
-    return Plan(forward, reverse, mask, _kernel_problem(reverse, problem.length, kernels))
+    tiled = fused_forward._tiled(reverse, lanes)
+    reason = _kernel_problem(reverse, problem.length, kernels, tiled)
+    return Plan(forward, reverse, mask, reason, tiled)
 
 
-def _kernel_problem(reverse: Split, length: int, kernels: Kernels) -> str | None:
-    reason = fused_forward._unsupported(reverse, kernels)
+def _kernel_problem(reverse: Split, length: int, kernels: Kernels, tiled: Tiled | None):
+    reason = fused_forward._unsupported(reverse if tiled is None else tiled, kernels)
     if reason is not None:
         return reason
     const_shapes = _avals(reverse.constant_residuals)
@@ -122,7 +132,9 @@ def _kernel_problem(reverse: Split, length: int, kernels: Kernels) -> str | None
     ]
     try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
         jax.eval_shape(
-            lambda g, k, s: _loop(reverse, length, g, k, s, interpret=True, num_warps=4),
+            lambda g, k, s: _loop(
+                reverse, length, g, k, s, interpret=True, num_warps=4, tiled=tiled
+            ),
             _avals(reverse.carry_in),
             const_shapes,
             step_shapes,
@@ -187,8 +199,8 @@ def _folded(reverse_step, g, x, k):
     return folded
 
 
-def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warps):
-    """``[g_0 .. g_{T-1}]`` leaves by the kernel."""
+def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warps, tiled=None):
+    """``[g_0 .. g_{T-1}]`` leaves by the kernel (a program per tile of ``tiled``'s lanes)."""
     return carries_after(
         split,
         length,
@@ -199,6 +211,7 @@ def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warp
         num_warps=num_warps,
         reverse=True,
         name=KERNEL_NAME,
+        tiled=tiled,
     )
 
 
@@ -269,7 +282,14 @@ def carry_cotangents(
 
         def kernel(interpret):
             return lambda g, k, s: _loop(
-                reverse, length, g, k, s, interpret=interpret, num_warps=num_warps
+                reverse,
+                length,
+                g,
+                k,
+                s,
+                interpret=interpret,
+                num_warps=num_warps,
+                tiled=made.tiled,
             )
 
         @jax.custom_jvp

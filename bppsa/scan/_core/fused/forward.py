@@ -34,7 +34,7 @@ from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.lanes import Tiled, lanes_of, tile_for, tiled
+from bppsa.scan._core.fused.lanes import LANES, Tiled, lanes_of, tile_for, tiled
 from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan_step
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Fused(Forward):
     """
 
     num_warps: int = 4
-    lanes: int | None = 128
+    lanes: int | None = LANES
     name: ClassVar[str] = "fused"
 
     def __post_init__(self):
@@ -119,7 +119,7 @@ class Fused(Forward):
 
     def __repr__(self) -> str:
         fields = [f"num_warps={self.num_warps}"] if self.num_warps != 4 else []
-        fields += [f"lanes={self.lanes}"] if self.lanes != 128 else []
+        fields += [f"lanes={self.lanes}"] if self.lanes != LANES else []
         return f"Fused({', '.join(fields)})"
 
 

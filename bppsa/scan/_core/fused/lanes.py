@@ -31,6 +31,7 @@ from bppsa.scan._core.fused.padded import ELEMENTWISE, pow2
 
 # none of the operand's axes holds lanes (the value is the same for every lane)
 NONE = None
+LANES = 128  # the fused loops' default lanes per program: one per thread of 4 warps
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

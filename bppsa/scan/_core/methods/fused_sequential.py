@@ -68,7 +68,10 @@ class FusedSequential(Method):
     loop in ``lax.scan``: no kernel in either.
 
     Attributes:
-        num_warps: Triton warps per program (one program per example under ``jax.vmap``).
+        num_warps: Triton warps per program.
+        lanes: lanes of the carry per program where they are independent (diagonal and
+            block-diagonal cells, as for :class:`bppsa.Fused`); ``None``: one program per
+            example (under ``jax.vmap``) always.
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -79,15 +82,18 @@ class FusedSequential(Method):
     """
 
     num_warps: int = 4
+    lanes: int | None = fused_backward.LANES
     name: ClassVar[str] = "fused-sequential"
     # It needs the carries the forward kept, as the Jacobian methods do, but forms no
     # Jacobians, and so takes none from the forward.
     supports: ClassVar[Supports] = Supports(forward_jacobians=False)
 
     def __post_init__(self):
-        bad_type = isinstance(self.num_warps, bool) or not isinstance(self.num_warps, int)
-        if bad_type or self.num_warps < 1:
-            raise ValueError(f"num_warps must be a positive int, got {self.num_warps!r}.")
+        for field, value in (("num_warps", self.num_warps), ("lanes", self.lanes)):
+            if field == "lanes" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field} must be a positive int, got {value!r}.")
 
     def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
         """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) within the
@@ -96,7 +102,7 @@ class FusedSequential(Method):
         :class:`SequentialScan`'s). The scan's decision records it
         (``bppsa.trace_plans()``'s ``backward_because``)."""
         kernels = _kernels.DEFAULT if profile is None else profile.kernels
-        return fused_backward.why_not(problem, kernels)
+        return fused_backward.why_not(problem, kernels, self.lanes)
 
     def scan(self, g_last, maps, offsets):
         # Called only for forward mode's tangent recurrence, over the Jacobians formed for it.
@@ -108,7 +114,9 @@ class FusedSequential(Method):
         if jacobians is not None:
             require(self, "forward_jacobians")
         # The decision's kernels (its library() context), whose envelope why_not was given.
-        made = fused_backward.plan(problem, offsets=ct_ys is not None, kernels=_kernels.current())
+        made = fused_backward.plan(
+            problem, offsets=ct_ys is not None, kernels=_kernels.current(), lanes=self.lanes
+        )
         if isinstance(made, str):
             return SEQUENTIAL_SCAN.backward(
                 problem, consts, carries_before, xs, g_last, ct_ys, check=check
@@ -162,6 +170,6 @@ class FusedSequential(Method):
         return FusedCost(total.steps, total.flops, total.bytes, fused=fp.length)
 
     def __repr__(self) -> str:
-        if self.num_warps == 4:
-            return "FusedSequential()"
-        return f"FusedSequential(num_warps={self.num_warps})"
+        fields = [f"num_warps={self.num_warps}"] if self.num_warps != 4 else []
+        fields += [f"lanes={self.lanes}"] if self.lanes != fused_backward.LANES else []
+        return f"FusedSequential({', '.join(fields)})"
