@@ -394,7 +394,7 @@ def ranked(
 def checked_footprint(problem: Problem, profile: Profile) -> Footprint:
     """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel
     (:meth:`~bppsa.FusedSequential.why_not`) where ``profile`` has a ``fused_step_latency``;
-    elsewhere the cost model never ranks the kernel, and its step is not traced again."""
+    elsewhere the cost model never ranks the kernel, and the step is not traced for it."""
     fp = problem.footprint
     if profile.rates.fused_step_latency is None:
         return fp
