@@ -20,6 +20,7 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.decision import decide
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method, Policy, as_policy, resolve
+from bppsa.scan._core.methods.auto import checked_footprint
 from bppsa.scan._core.options import Options, current
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._core.profiles import profile_of
@@ -199,8 +200,9 @@ def estimate_memory(
         raise ValueError("batch must be a positive int, got None.")
     policy = as_policy(resolve(method))
     problem, _ = prepare(f, init, xs, length, reverse=False, batch=batch)
-    fp = problem.footprint
-    method = policy.scan_method(fp, math.inf, profile=policy.profile_or(profile_of()))
+    profile = policy.profile_or(profile_of())
+    fp = checked_footprint(problem, profile)
+    method = policy.scan_method(fp, math.inf, profile=profile)
     return method.memory(fp)
 
 

@@ -16,6 +16,8 @@ This is the rule by which ``Auto()`` chooses on accelerators (see
 * ``Chunked(C)``: ``2 ceil(T / C) + 2 ceil(log2 C)`` steps, ``2 (T - T/C) B n^2 (n + 1)``
   flops;
 * ``SequentialScan()``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
+* ``FusedSequential()``: back-propagation's ``T`` steps in one kernel, each at the profile's
+  ``fused_step_latency`` where it has one, plus two evaluations of all steps at once;
 * ``Blocked(m, K)``: ``ceil(T / K)`` times ``m`` on ``K`` steps.
 
 The rates are those of the backend's :class:`bppsa.Profile` (:mod:`bppsa.scan._profile`); the

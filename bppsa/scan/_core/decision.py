@@ -32,6 +32,7 @@ from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
 from bppsa.scan._core.methods import Auto, FusedSequential, Method, Policy, as_policy
+from bppsa.scan._core.methods.auto import checked_footprint
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.newton import Newton
@@ -125,7 +126,7 @@ def decide(problem: Problem, options: Options) -> Decision:
     :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, and
     whether the forward's Jacobians go to the backward."""
     requested, policy, profile = _asked(options)
-    fp, limit = problem.footprint, options.memory_limit
+    fp, limit = checked_footprint(problem, profile), options.memory_limit
     check_finite = bool(options.check_finite)
     error = None
     try:

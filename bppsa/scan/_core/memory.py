@@ -36,6 +36,8 @@ SPAN_STATES = 2.0  # per step of a block: cotangents and the VJP's state-sized a
 BLELLOCH_DENSE = 1.6  # Blelloch: the up-sweep levels' dense products (about T maps) and operands
 CHUNK_DENSE = 3.0  # Chunked: per chunk, its aggregate and the Blelloch scan over them
 BP_STATES = 3.0  # plain back-propagation through lax.scan: residuals per step (approximate)
+# A footprint's fused_backward before anyone asked the kernel (a footprint of numbers, too).
+NOT_CHECKED = "not checked"
 
 
 class MemoryLimitError(MemoryError):
@@ -79,6 +81,9 @@ class Footprint:
             slice) weighs one part's ``length`` with the whole scan's ``kept`` (:meth:`part`).
         complex_leaves: the carry's complex leaves, as ``"complex64[3]"`` (only plain
             back-propagation supports them).
+        fused_backward: why ``FusedSequential()``'s kernel cannot run the scan's backward loop
+            (:meth:`bppsa.FusedSequential.why_not`; ``None``: it can), by which the cost model
+            ranks that method; :data:`NOT_CHECKED` unless a scan's decision asked.
     """
 
     length: int
@@ -94,6 +99,7 @@ class Footprint:
     structure: str | None = None
     kept: int | None = None
     complex_leaves: tuple[str, ...] = ()
+    fused_backward: str | None = NOT_CHECKED
 
     @property
     def product_width(self) -> int:

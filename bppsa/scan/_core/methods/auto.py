@@ -6,6 +6,13 @@ of :mod:`bppsa.scan._core.cost` predicts fastest on the profile's rates: acceler
 :class:`~bppsa.scan._profile.Rules`). ``Auto()`` is the one whose profile says which
 (``measured_rules``). All three share the memory guard's fallbacks and the chain rule
 (:class:`Choosing`).
+
+On a profile with a ``fused_step_latency`` the cost model also ranks ``FusedSequential()``
+(back-propagation's reverse loop in one kernel) for a scan whose step the kernel runs (the
+footprint's ``fused_backward``, which the scan's decision asks of
+:meth:`~bppsa.FusedSequential.why_not`, :func:`checked_footprint`): where the kernel cannot, its
+loop runs in ``lax.scan`` at the step latency, back-propagation's cost with more work, so it is
+never ranked there. Nor where the Jacobians are scanned anyway (``jacobians``): it forms none.
 """
 
 from __future__ import annotations
@@ -13,19 +20,23 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from bppsa.scan._core import cost
-from bppsa.scan._core.memory import MemoryLimitError, keeps_structure
+from bppsa.scan._core.memory import Footprint, MemoryLimitError, keeps_structure
 from bppsa.scan._core.methods import policy
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
+from bppsa.scan._core.methods.fused_sequential import FusedSequential
 from bppsa.scan._core.methods.sequential import Sequential
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
 from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._profile import Profile, Rules
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.problem import Problem
 
 
 class Choosing(policy.Policy):
@@ -42,10 +53,20 @@ class Choosing(policy.Policy):
 
     @abc.abstractmethod
     def pick(
-        self, profile: Profile, length, size, batch, element, inputs, single, width, jacobians
+        self,
+        profile: Profile,
+        length,
+        size,
+        batch,
+        element,
+        inputs,
+        single,
+        width,
+        jacobians,
+        fused,
     ) -> Method:
         """The method for a scan (no memory limit) by ``profile``; the arguments as for
-        :meth:`Auto.choose`."""
+        :meth:`Auto.choose` (``fused``: its ``fused_backward``)."""
 
     def choose(
         self,
@@ -59,6 +80,7 @@ class Choosing(policy.Policy):
         single: bool = False,
         width: int | None = None,
         jacobians: bool = False,
+        fused_backward: bool = False,
     ) -> Method:
         """The method used for a scan (no memory limit).
 
@@ -80,19 +102,36 @@ class Choosing(policy.Policy):
                 structure through products (``1`` diagonal, ``k`` for ``k x k`` blocks; then
                 a product keeps ``element`` floats); default ``None``: products are dense.
             jacobians: the method to use where the Jacobians are scanned anyway (a parallel
-                forward's solves, the finiteness check): never ``Sequential()``.
+                forward's solves, the finiteness check): never ``Sequential()`` nor
+                ``FusedSequential()``.
+            fused_backward: whether ``FusedSequential()``'s kernel runs the scan's step
+                (:meth:`bppsa.FusedSequential.why_not` is ``None``, which a scan's decision
+                asks); then, on a profile with a ``fused_step_latency``, the cost model ranks
+                it too. Numbers alone do not say: by default it is not ranked.
 
         Returns:
             A method; ``Sequential()`` means plain back-propagation.
         """
         profile = self.profile_or(profile_of(backend))
-        return self.pick(profile, length, size, batch, element, inputs, single, width, jacobians)
+        return self.pick(
+            profile,
+            length,
+            size,
+            batch,
+            element,
+            inputs,
+            single,
+            width,
+            jacobians,
+            fused_backward,
+        )
 
     def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         """:meth:`pick` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
         plain back-propagation for a complex carry; a method that scans the Jacobians within
         ``limit``, else the first lower-memory method of the memory guard's list that fits
-        (the profile's ``fallback_block``)."""
+        (the profile's ``fallback_block``). ``FusedSequential()`` only where ``fp`` says its
+        kernel runs the step (``fp.fused_backward is None``)."""
         if fp.complex_leaves:
             return Sequential()
         profile = self.profile_or(profile)
@@ -106,6 +145,7 @@ class Choosing(policy.Policy):
             fp.single,
             fp.width or None,
             jacobians,
+            fp.fused_backward is None,
         )
         if chosen.uses_jacobians and (limit is None or limit < math.inf):
             try:
@@ -143,7 +183,7 @@ def _check_candidates(owner: str, candidates) -> tuple[Method, ...] | None:
         raise TypeError(
             f"{owner}: candidates must be a non-empty tuple of methods, got {candidates!r}."
         )
-    if not any(m.uses_jacobians for m in candidates):
+    if not any(_forms_jacobians(m) for m in candidates):
         raise ValueError(
             f"{owner}: candidates need a method that scans the Jacobians (for the "
             f"finiteness check and the forward's solves), got {candidates!r}."
@@ -166,7 +206,9 @@ class CostModel(Choosing):
     Attributes:
         profile: the measured constants it chooses by (``None``: the backend's).
         candidates: the methods it ranks (``None``: ``Sequential()``, ``Blelloch()``,
-            ``Chunked()``); any method with a ``cost``, a user's own too.
+            ``Chunked()``, and ``FusedSequential()`` on a profile with a
+            ``fused_step_latency``: :func:`ranked`); any method with a ``cost``, a user's own
+            too.
 
     Example:
         >>> from bppsa.scan._profile import GPU
@@ -181,13 +223,8 @@ class CostModel(Choosing):
         _check_profile("CostModel", self.profile)
         object.__setattr__(self, "candidates", _check_candidates("CostModel", self.candidates))
 
-    @property
-    def ranked(self) -> tuple[Method, ...]:
-        """The methods it ranks."""
-        return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
-
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
-        candidates = tuple(m for m in self.ranked if m.uses_jacobians or not jacobians)
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
+        candidates = ranked(self.candidates, profile, jacobians=jacobians, fused_backward=fused)
         return _fastest(candidates, length, size, profile, batch, element, width)
 
 
@@ -212,7 +249,7 @@ class MeasuredRules(Choosing):
     def __post_init__(self):
         _check_profile("MeasuredRules", self.profile)
 
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
         element = _element(size, element)
         structured = keeps_structure(size, width)
         if not jacobians and not _parallel_pays(
@@ -242,7 +279,10 @@ class Auto(Choosing):
     back-propagation, ``Blelloch()``
     (``Theta(log T)`` levels) and ``Chunked()`` (:meth:`predictions` gives the predicted times:
     the parallel scans for the paper's small cells, back-propagation where their ~``n``-fold
-    extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``). On
+    extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``), and,
+    on a profile with a ``fused_step_latency`` (the H200's, assumed until measured), for a scan
+    whose step the fused kernel runs, ``FusedSequential()``: back-propagation's loop in one
+    kernel, where ``T`` is too short for a parallel scan to pay (:func:`ranked`). On
     CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
     does not pay for itself (measured with ``benchmarks/speed.py``); there it is
     ``Blocked(SequentialScan(), K)``: a sequential scan over the transposed Jacobians,
@@ -256,14 +296,17 @@ class Auto(Choosing):
         profile: the measured constants it chooses by (``None``: the backend's,
             :func:`bppsa.get_profile`).
         candidates: the methods the cost model ranks on accelerators (``None``:
-            ``Sequential()``, ``Blelloch()``, ``Chunked()``); any method with a ``cost``,
-            a user's own too.
+            ``Sequential()``, ``Blelloch()``, ``Chunked()``, and ``FusedSequential()`` on a
+            profile with a ``fused_step_latency``: :func:`ranked`); any method with a
+            ``cost``, a user's own too.
 
     Example:
         >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
         Blocked(method=SequentialScan(), block=2048)
         >>> bppsa.Auto().choose(10_000, 20, "gpu", batch=16, element=20)
         Blelloch()
+        >>> bppsa.Auto().choose(64, 20, "gpu", batch=16, element=20, fused_backward=True)
+        FusedSequential()
     """
 
     profile: Profile | None = None
@@ -274,11 +317,6 @@ class Auto(Choosing):
         _check_profile("Auto", self.profile)
         object.__setattr__(self, "candidates", _check_candidates("Auto", self.candidates))
 
-    @property
-    def ranked(self) -> tuple[Method, ...]:
-        """The methods the cost model ranks on accelerators."""
-        return ACCELERATOR_CHOICES if self.candidates is None else self.candidates
-
     def rule(self, profile: Profile) -> Choosing:
         """The algorithm that chooses by ``profile``: :class:`MeasuredRules` where it has
         measured rules (CPUs), else :class:`CostModel` over the ``candidates``."""
@@ -286,9 +324,9 @@ class Auto(Choosing):
             return MeasuredRules(profile)
         return CostModel(profile, self.candidates)
 
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians):
+    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
         return self.rule(profile).pick(
-            profile, length, size, batch, element, inputs, single, width, jacobians
+            profile, length, size, batch, element, inputs, single, width, jacobians, fused
         )
 
     def predictions(
@@ -300,9 +338,11 @@ class Auto(Choosing):
         batch: int = 1,
         element: int | None = None,
         width: int | None = None,
+        fused_backward: bool = False,
     ) -> dict[Method, float]:
         """Predicted seconds of the backward of each accelerator candidate (why
-        :meth:`choose` picks what it picks there), from :mod:`bppsa.scan._core.cost`.
+        :meth:`choose` picks what it picks there), from :mod:`bppsa.scan._core.cost`
+        (``fused_backward``: as for :meth:`choose`).
 
         Example:
             >>> times = bppsa.Auto().predictions(1000, 1024, "gpu", batch=256)
@@ -310,10 +350,66 @@ class Auto(Choosing):
             Sequential()
         """
         profile = self.profile_or(profile_of(backend))
-        return _predicted(self.ranked, length, size, profile, batch, element, width)
+        candidates = ranked(self.candidates, profile, fused_backward=fused_backward)
+        return _predicted(candidates, length, size, profile, batch, element, width)
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
+FUSED_SEQUENTIAL = FusedSequential()
+
+
+def ranked(
+    candidates: tuple[Method, ...] | None,
+    profile: Profile,
+    *,
+    jacobians: bool = False,
+    fused_backward: bool = False,
+) -> tuple[Method, ...]:
+    """The methods the cost model ranks for a scan on ``profile``.
+
+    Args:
+        candidates: a policy's own (``None``: :data:`ACCELERATOR_CHOICES`, and
+            ``FusedSequential()`` where ``profile`` has a ``fused_step_latency``).
+        profile: the rates the methods are ranked by.
+        jacobians: the Jacobians are scanned anyway (a parallel forward's solves, the
+            finiteness check): neither plain back-propagation nor ``FusedSequential()``, which
+            forms none.
+        fused_backward: whether ``FusedSequential()``'s kernel runs the scan's step; where it
+            does not, its loop runs in ``lax.scan`` and its cost is not its kernel's.
+    """
+    if candidates is None:
+        fused = profile.rates.fused_step_latency is not None
+        candidates = ACCELERATOR_CHOICES + ((FUSED_SEQUENTIAL,) if fused else ())
+    return tuple(
+        m
+        for m in candidates
+        if (
+            fused_backward and not jacobians
+            if _fused_loop(m)
+            else m.uses_jacobians or not jacobians
+        )
+    )
+
+
+def checked_footprint(problem: Problem, profile: Profile) -> Footprint:
+    """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel
+    (:meth:`~bppsa.FusedSequential.why_not`) where ``profile`` has a ``fused_step_latency``;
+    elsewhere the cost model never ranks the kernel, and the step is not traced for it."""
+    fp = problem.footprint
+    if profile.rates.fused_step_latency is None:
+        return fp
+    return dataclasses.replace(fp, fused_backward=FUSED_SEQUENTIAL.why_not(problem, profile))
+
+
+def _fused_loop(method: Method) -> bool:
+    """Whether ``method`` is ``FusedSequential()``'s loop over the cell's VJP (no Jacobians)."""
+    return isinstance(method, FusedSequential)
+
+
+def _forms_jacobians(method: Method) -> bool:
+    """Whether ``method`` back-propagates over the steps' Jacobians: not plain
+    back-propagation, nor ``FusedSequential()``."""
+    return method.uses_jacobians and not _fused_loop(method)
 
 
 def _predicted(candidates, length, size, profile, batch, element, width) -> dict[Method, float]:
