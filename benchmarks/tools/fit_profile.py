@@ -42,12 +42,18 @@ program (below): elsewhere it is ``total - forward``.
   :class:`bppsa.Kernels`): ``--compile`` reads the compile grid's results
   (``fused_compile_gpu.jsonl`` of ``benchmarks/gpu.sh``, :mod:`benchmarks._fused_compile`) and
   sets each limit to the largest count that compiled and ran right (:func:`envelope`).
+* The fused forward's step latency (``Rates.fused_step_latency``, by which ``Auto()`` and the
+  forward's policy rank the fused loops): ``--fused`` reads ``benchmarks/fused.py``'s forward
+  rows (``fused_forward_gpu.jsonl``) and sets it to the median per-step time of the kernel on
+  the library's dense cells, less the arithmetic the model counts (:func:`fused_latency`). The
+  device fit itself keeps the base profile's value.
 
 Run: ``.venv/bin/python -m benchmarks.tools.fit_profile benchmarks/results/cpu_floor.json``, or the
 H200 (:data:`bppsa.scan._profile.GPU`): ``.venv/bin/python -m benchmarks.tools.fit_profile --device
 --choices --flops gemm benchmarks/results/gpu-h200/{speed_gpu,total_gpu,width_gpu}.json
 benchmarks/results/gpu-h200/gpu_backward.jsonl`` (``--out`` writes the profile and the ratios;
-``--compile .../fused_compile_gpu.jsonl`` sets the envelope too).
+``--compile .../fused_compile_gpu.jsonl`` sets the envelope too, ``--fused
+.../fused_forward_gpu.jsonl`` the fused step latency).
 """
 
 from __future__ import annotations
@@ -383,6 +389,38 @@ def envelope(path: pathlib.Path) -> dict[str, int]:
     return limits
 
 
+def fused_latency(path: pathlib.Path, profile: Profile) -> float:
+    """The fused forward's seconds per step (``Rates.fused_step_latency``) measured by the
+    forward rows of ``benchmarks/fused.py`` in ``path`` (``fused_forward_gpu.jsonl``): the
+    median over the rows of the library's dense cells where the kernel ran of the fused
+    forward's median time less the arithmetic the model counts on ``profile``
+    (:func:`bppsa.scan._core.cost.fused_forward` inverted), per step.
+
+    Raises:
+        ValueError: no such row.
+    """
+    per_step = []
+    for row in read_rows(path):
+        if row.get("part") != "forward" or row.get("fused_why_not") is not None:
+            continue
+        fp = footprint(row.get("cell", ""), row["length"], row["batch"], row["hidden"])
+        if fp is None or row.get("fused_ms") is None or row["cell"] not in _speed_model.CHAIN_FORMS:
+            continue
+        work = cost.sequential_forward(fp)
+        arithmetic = Cost(0, work.flops, work.bytes).seconds(profile)
+        per_step.append(max(row["fused_ms"] / 1e3 - arithmetic, 0.0) / row["length"])
+    if not per_step:
+        raise ValueError(f"{path}: no forward row of a dense cell where the fused kernel ran")
+    return max(statistics.median(per_step), 1e-9)
+
+
+def with_fused_latency(profile: Profile, seconds: float) -> Profile:
+    """``profile`` with the fused forward's ``seconds`` per step (:func:`fused_latency`)."""
+    return dataclasses.replace(
+        profile, rates=dataclasses.replace(profile.rates, fused_step_latency=seconds)
+    )
+
+
 def with_envelope(profile: Profile, limits: dict[str, int]) -> Profile:
     """``profile`` with the fused loops' envelope ``limits`` (:func:`envelope`)."""
     return dataclasses.replace(profile, kernels=dataclasses.replace(profile.kernels, **limits))
@@ -400,6 +438,8 @@ def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None
         f"{quartiles[0]:.2f}-{quartiles[-1]:.2f}, range {min(ratios):.2f}-{max(ratios):.2f}"
     )
     rates = {f: getattr(profile.rates, f) for f in ("step_latency", "flops", "bandwidth")}
+    if profile.rates.fused_step_latency is not None:
+        rates["fused_step_latency"] = profile.rates.fused_step_latency
     limits = {f: getattr(profile.kernels, f) for f in ENVELOPE} if args.compile else {}
     use = f"rates=bppsa.Rates({', '.join(f'{k}={v:.4g}' for k, v in rates.items())})"
     if limits:
@@ -444,6 +484,8 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     )
     if args.compile:
         profile = with_envelope(profile, envelope(args.compile))
+    if args.fused:
+        profile = with_fused_latency(profile, fused_latency(args.fused, profile))
     print(
         f"fitted: {profile.rates.step_latency * 1e6:.2f} us per step, "
         f"{profile.rates.flops / 1e12:.0f} TFLOP/s, {profile.rates.bandwidth / 1e12:.2f} TB/s "
@@ -484,12 +526,15 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--compile", type=pathlib.Path, help="--device: the compile grid's results (envelope)"
     )
+    parser.add_argument(
+        "--fused", type=pathlib.Path, help="--device: the fused forward rows (its step latency)"
+    )
     args = parser.parse_args(argv)
     if args.device:
         _main_device(parser, args)
         return
-    if args.compile:
-        parser.error("--compile: the fused kernels' envelope is a device's (--device)")
+    if args.compile or args.fused:
+        parser.error("--compile, --fused: the fused kernels' envelope and rate are a device's")
     rows = [s for path in args.results for s in samples(read_json(path))]
     if not rows:
         parser.error("no row with an HLO count and a measured backward")

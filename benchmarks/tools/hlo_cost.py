@@ -37,7 +37,7 @@ import numpy as np
 
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.profiles import get_profile
-from bppsa.scan._profile import Profile, Rates
+from bppsa.scan._profile import Profile
 
 # An assumption: a transcendental is evaluated as a short polynomial, a few FMAs on every device
 # (XLA's own cost analysis counts them apart from flops).
@@ -394,9 +394,12 @@ def fit_profile(
 
 
 def with_rates(base: Profile, name: str, point) -> Profile:
-    """``base`` with the cost model's rates of ``point = (latency, flops, bandwidth)``."""
+    """``base`` with the cost model's rates of ``point = (latency, flops, bandwidth)`` (its
+    other rates, such as the fused step latency, kept)."""
     latency, rate, bandwidth = point
-    rates = Rates(flops=float(rate), bandwidth=float(bandwidth), step_latency=float(latency))
+    rates = dataclasses.replace(
+        base.rates, flops=float(rate), bandwidth=float(bandwidth), step_latency=float(latency)
+    )
     return dataclasses.replace(base, name=name, rates=rates)
 
 

@@ -305,8 +305,8 @@ GPU = Profile(
         # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the
         # picks at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
         step_latency=7.94e-6,
-        # ASSUMED, not measured: the fused kernel's target (about 1 us a step); benchmarks/gpu.sh
-        # measures it (fused_gpu.json) for benchmarks.tools.fit_profile to replace
+        # ASSUMED, not measured: the fused kernel's target (about 1 us a step); gpu.sh's forward
+        # rows measure it (fused_forward_gpu.jsonl): benchmarks.tools.fit_profile --fused
         fused_step_latency=1e-6,
     ),
     # ASSUMED, not measured: the fused loops' envelope, placeholders from register files of 64K

@@ -4,6 +4,7 @@ reading of sound timings (whole gradients, pullbacks timed alone; never total - 
 synthetic files whose times a known profile predicts, and the fused envelope read from a
 synthetic compile grid."""
 
+import dataclasses
 import json
 import pathlib
 
@@ -11,7 +12,7 @@ import pytest
 
 import bppsa
 from benchmarks import _fused_compile, _speed_model
-from benchmarks.tools import fit_profile
+from benchmarks.tools import fit_profile, hlo_cost
 from bppsa.scan import _profile
 
 H200 = pathlib.Path(__file__).parents[3] / "benchmarks" / "results" / "gpu-h200"
@@ -245,3 +246,47 @@ def test_the_envelope_refuses_a_grid_it_cannot_describe(tmp_path):
         fit_profile.envelope(path)
     with pytest.raises(SystemExit):
         fit_profile.main([str(path), "--compile", str(path)])
+
+
+def forward_point(cell, hidden, length, fused_ms, why_not=None):
+    return dict(part="forward", cell=cell, hidden=hidden, length=length, batch=16, inputs=1,
+                fused_ms=fused_ms, fused_why_not=why_not)  # fmt: skip
+
+
+def test_the_fused_step_latency_is_what_the_forward_rows_measured(tmp_path, capsys):
+    """Set from the forward rows of the dense cells where the kernel ran, the model's fused
+    forward gives back their median time; the diagonal GRU, a fallback and the LSTM (no
+    footprint) do not count."""
+    rows = [
+        forward_point("rnn", 20, 10_000, 9.0),
+        forward_point("gru", 20, 10_000, 12.0),  # the median of three
+        forward_point("rnn", 20, 30_000, 45.0),
+        forward_point("gru", 20, 30_000, 1.0, why_not="the envelope"),
+        forward_point("diagonal-gru", 1024, 4096, 0.01),
+        forward_point("lstm", 20, 10_000, 0.01),
+    ]
+    path = tmp_path / "fused_forward_gpu.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    latency = fit_profile.fused_latency(path, _profile.GPU)
+    fitted = fit_profile.with_fused_latency(_profile.GPU, latency)
+    fp = fit_profile.footprint("gru", 10_000, 16, 20)
+    assert bppsa.scan._core.cost.fused_forward(fp, fitted) == pytest.approx(12.0e-3)
+    assert 1.1e-6 < latency < 1.2e-6  # 12 ms over 10k steps, less a little arithmetic
+    assert fitted.rates.step_latency == _profile.GPU.rates.step_latency
+    speed = tmp_path / "speed_gpu.json"
+    speed.write_text(json.dumps(speed_payload(pullback=False)))
+    out = tmp_path / "fit.json"
+    fit_profile.main(["--device", str(speed), "--fused", str(path), "--out", str(out)])
+    result = json.loads(out.read_text())["profile"]  # its arithmetic on the fitted rates
+    names = ("flops", "bandwidth", "step_latency", "fused_step_latency")
+    written = dataclasses.replace(_profile.GPU, rates=bppsa.Rates(**{k: result[k] for k in names}))
+    assert bppsa.scan._core.cost.fused_forward(fp, written) == pytest.approx(12.0e-3)
+    assert "fused_step_latency=" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="no forward row of a dense cell"):
+        fit_profile.fused_latency(compile_file(tmp_path, POINTS), _profile.GPU)
+
+
+def test_a_device_fit_keeps_the_fused_step_latency():
+    fitted = hlo_cost.with_rates(_profile.GPU, "fit", (2e-6, 1e14, 1e12))
+    assert fitted.rates.fused_step_latency == _profile.GPU.rates.fused_step_latency
+    assert fitted.rates.step_latency == 2e-6
