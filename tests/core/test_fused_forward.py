@@ -240,6 +240,18 @@ def test_independent_lanes_run_in_tiles(cell_type, cell, hidden, tiles):
     assert_close(fused, jax.vmap(lambda c, x: lax.scan(body, c, x))(inits, batch))
 
 
+def test_a_batched_carry_splits_its_last_axis():
+    """The language model's scan: a diagonal GRU over a ``(B, H)`` carry (its per-unit weights
+    broadcast over ``B`` inside the loop), H = 300 in 3 tiles, every tile holding all of B."""
+    params = params_of(DiagonalGRU(), 300)
+    body = lambda h, x: (diagonal_gru_cell(params, h, x), h)
+    init = jnp.full((2, 300), 0.1)
+    xs = jnp.stack([xs_of(), -xs_of()], axis=1)
+    plan, reason = fused_plan(body, init, xs)
+    assert reason is None and plan.tiled.count == 3
+    assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+
+
 def test_a_planted_tile_index_fails(monkeypatch):
     """Every program reading the first tile's lanes must break the equality."""
     body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)

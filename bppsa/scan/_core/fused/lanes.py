@@ -143,13 +143,17 @@ class _State:
 
 
 def _elementwise(state: _State, eqn):
+    """Lanes stay in place; an operand of the same rank holds them where its axis is as long
+    as the output's, and is the same for every lane where it is 1 long (broadcast)."""
     shape = eqn.outvars[0].aval.shape
-    found = {state.known(v) for v in eqn.invars if v.aval.shape == shape} - {"unknown", NONE}
+    found = {state.known(v) for v in eqn.invars} - {"unknown", NONE}
     if len(found) != 1:
         return "operands with lanes on different axes" if found else "no operand with lanes"
     (axis,) = found
     for v in eqn.invars:
-        reason = state.claim(v, axis if v.aval.shape == shape and shape else NONE)
+        own = v.aval.shape
+        full = len(own) == len(shape) and own[axis] == shape[axis]
+        reason = state.claim(v, axis if full else NONE)
         if reason is not None:
             return reason
     return [axis] * len(eqn.outvars)
