@@ -6,7 +6,9 @@ for all steps at once), padded to powers of two (:mod:`bppsa.scan._core.fused.pa
 passed in; the kernel loads the constants once and runs ``lax.fori_loop`` over the ``T`` steps
 with the carry as the loop's value (on chip), reading step ``t``'s residuals from their refs and
 writing the carry after step ``t`` to its output ref. Padded lanes of the carry are zeroed at
-every step, so the outputs hold zeros there.
+every step, so the outputs hold zeros there. Where the carry's lanes are independent
+(:mod:`bppsa.scan._core.fused.lanes`) the kernel is a grid of programs, one per tile of lanes,
+each reading its tile of every array that holds lanes and all of the others.
 """
 
 from __future__ import annotations
