@@ -403,9 +403,9 @@ def fused_latency(path: pathlib.Path, profile: Profile) -> float:
     for row in read_rows(path):
         if row.get("part") != "forward" or row.get("fused_why_not") is not None:
             continue
-        fp = footprint(row.get("cell", ""), row["length"], row["batch"], row["hidden"])
-        if fp is None or row.get("fused_ms") is None or row["cell"] not in _speed_model.CHAIN_FORMS:
+        if row.get("cell") not in _speed_model.CHAIN_FORMS or row.get("fused_ms") is None:
             continue
+        fp = _speed_model.footprint(row["cell"], row["length"], row["batch"], row["hidden"])
         work = cost.sequential_forward(fp)
         arithmetic = Cost(0, work.flops, work.bytes).seconds(profile)
         per_step.append(max(row["fused_ms"] / 1e3 - arithmetic, 0.0) / row["length"])

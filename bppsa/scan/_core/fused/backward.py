@@ -40,7 +40,7 @@ from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.lanes import LANES, Tiled
+from bppsa.scan._core.fused.lanes import LANES, Tiled, split_lanes
 from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _make_plan(problem: Problem, offsets: bool, kernels: Kernels, lanes: int | N
         reverse = split_step(reverse_step, g, x, k)
     except Exception as err:  # any failure of the tracing: the caller falls back
         return f"the reverse step could not be traced: {type(err).__name__}: {err}"
-    tiled = fused_forward._tiled(reverse, lanes)
+    tiled = split_lanes(reverse, lanes)
     reason = _kernel_problem(reverse, problem.length, kernels, tiled)
     return Plan(forward, reverse, mask, reason, tiled)
 

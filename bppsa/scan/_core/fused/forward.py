@@ -33,8 +33,8 @@ from bppsa.scan import _kernels
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
 from bppsa.scan._core.fused.jaxprs import run_equations
-from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.lanes import LANES, Tiled, lanes_of, tile_for, tiled
+from bppsa.scan._core.fused.kernel import carries_after, check_options
+from bppsa.scan._core.fused.lanes import LANES, Tiled, split_lanes
 from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan_step
 
 if TYPE_CHECKING:
@@ -82,11 +82,7 @@ class Fused(Forward):
     name: ClassVar[str] = "fused"
 
     def __post_init__(self):
-        for field, value in (("num_warps", self.num_warps), ("lanes", self.lanes)):
-            if field == "lanes" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Fused: {field} must be a positive int, got {value!r}.")
+        check_options("Fused", self.num_warps, self.lanes)
 
     def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
         """Why the kernel cannot run ``problem``'s scan (``None``: it can) within the envelope
@@ -132,7 +128,7 @@ def _make_plan(problem: Problem, forward: Fused, kernels: Kernels) -> _Plan | st
         split, ys_tree = split_scan_step(problem)
     except Exception as err:  # any failure of the split falls back
         return f"the step could not be split: {type(err).__name__}: {err}"
-    tiled = _tiled(split, forward.lanes)
+    tiled = split_lanes(split, forward.lanes)
     reason = _unsupported(split if tiled is None else tiled, kernels)
     if reason is not None:
         return reason
@@ -148,21 +144,6 @@ def _make_plan(problem: Problem, forward: Fused, kernels: Kernels) -> _Plan | st
     except Exception as err:  # any error of the rules falls back
         return f"the kernel could not be built: {type(err).__name__}: {err}"
     return plan
-
-
-def _tiled(split: Split, lanes: int | None) -> Tiled | None:
-    """``split``'s recurrence for one tile of ``lanes`` lanes where its carry's lanes are
-    independent and more than ``lanes`` (``None``: one program per example)."""
-    if lanes is None or not split.carry_in:
-        return None
-    try:
-        found = lanes_of(split)
-        if isinstance(found, str):
-            return None
-        tile = tile_for(split.carry_in[0].aval.shape[-1], lanes)
-        return None if tile is None else tiled(split, found, tile)
-    except Exception:  # a rule that does not retrace: one program per example
-        return None
 
 
 def _unsupported(split: Split | Tiled, kernels: Kernels) -> str | None:

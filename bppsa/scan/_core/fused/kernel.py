@@ -28,6 +28,16 @@ from bppsa.scan._core.fused.padded import masked, padded_shape, run_padded
 from bppsa.scan._core.fused.split import Split
 
 
+def check_options(owner: str, num_warps: int, lanes: int | None) -> None:
+    """Raises ``ValueError`` naming ``owner`` unless ``num_warps`` is a positive int and
+    ``lanes`` one or ``None``."""
+    for field, value in (("num_warps", num_warps), ("lanes", lanes)):
+        if field == "lanes" and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{owner}: {field} must be a positive int, got {value!r}.")
+
+
 def unpad(x, shape: Sequence[int], lead: int = 1):
     """The logical ``shape`` (after ``lead`` leading axes) of padded ``x``."""
     if tuple(x.shape[lead:]) == tuple(shape):

@@ -244,29 +244,28 @@ def _same_axis_moves(state: _State, eqn):
 
 
 def _dot_general(state: _State, eqn):
+    """Lanes on a batch axis of both operands, or on a free axis of one (the other holding
+    none); the output's axes are the batch axes, then the left's free axes, then the right's."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = eqn.invars
-    la, ra = state.known(lhs), state.known(rhs)
-    nb = len(lb)
     lf = [d for d in range(len(lhs.aval.shape)) if d not in lc and d not in lb]
     rf = [d for d in range(len(rhs.aval.shape)) if d not in rc and d not in rb]
-    if la in (NONE, "unknown") and ra in (NONE, "unknown"):
-        return "no operand with lanes"
-    if la not in (NONE, "unknown"):
-        if la in lc:
+    # each side as (operand, its contracting, batch and free axes, the output's first free axis)
+    left, right = (lhs, lc, lb, lf, len(lb)), (rhs, rc, rb, rf, len(lb) + len(lf))
+    for (own, contracting, batch, free, first), (other, _, other_batch, _, _) in (
+        (left, right),
+        (right, left),
+    ):
+        axis = state.known(own)
+        if axis in (NONE, "unknown"):
+            continue
+        if axis in contracting:
             return "a contraction over the lanes"
-        if la in lb:
-            reason = state.claim(rhs, rb[list(lb).index(la)])
-            return reason or [list(lb).index(la)]
-        reason = state.claim(rhs, NONE)
-        return reason or [nb + lf.index(la)]
-    if ra in rc:
-        return "a contraction over the lanes"
-    if ra in rb:
-        reason = state.claim(lhs, lb[list(rb).index(ra)])
-        return reason or [list(rb).index(ra)]
-    reason = state.claim(lhs, NONE)
-    return reason or [nb + len(lf) + rf.index(ra)]
+        if axis in batch:
+            at = list(batch).index(axis)
+            return state.claim(other, other_batch[at]) or [at]
+        return state.claim(other, NONE) or [first + free.index(axis)]
+    return "no operand with lanes"
 
 
 _RULES = {
@@ -344,17 +343,26 @@ def _cut_params(eqn, axes: dict, tile: int) -> dict:
         sizes = list(eqn.params["new_sizes"])
         sizes[axis] = tile
         return {"new_sizes": tuple(sizes)}
-    if name == "slice":
-        (source,) = [axes[v] for v in eqn.invars[:1]]
+    if name == "slice":  # whole along the lanes, which keep their axis
         limits = list(eqn.params["limit_indices"])
-        limits[source] = tile
+        limits[axis] = tile
         return {"limit_indices": tuple(limits)}
     return {}
 
 
-def tile_for(size: int, lanes: int) -> int | None:
-    """Lanes per program for ``size`` lanes, at most ``lanes`` (a power of two), or ``None``
-    where one program holds them all (``size <= lanes``)."""
-    if size <= lanes:
+def split_lanes(split, lanes: int | None) -> Tiled | None:
+    """``split``'s recurrence for one tile of ``lanes`` lanes (the next power of two) where
+    its carry's lanes are independent and more than ``lanes``; ``None``: one program per
+    example (``lanes=None``, lanes that mix, or a rule that does not retrace)."""
+    if lanes is None or not split.carry_in:
         return None
-    return min(pow2(lanes), pow2(size))
+    try:
+        axes = lanes_of(split)
+        if isinstance(axes, str):
+            return None
+        first = split.carry_in[0]
+        if first.aval.shape[axes[first]] <= lanes:
+            return None
+        return tiled(split, axes, pow2(lanes))
+    except Exception:  # a rule that does not retrace: one program per example
+        return None

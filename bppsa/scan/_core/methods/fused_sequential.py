@@ -12,6 +12,7 @@ from bppsa.scan import _algorithms, _kernels
 from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
+from bppsa.scan._core.fused.kernel import check_options
 from bppsa.scan._core.memory import SPAN_STATES
 from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -89,11 +90,7 @@ class FusedSequential(Method):
     supports: ClassVar[Supports] = Supports(forward_jacobians=False)
 
     def __post_init__(self):
-        for field, value in (("num_warps", self.num_warps), ("lanes", self.lanes)):
-            if field == "lanes" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be a positive int, got {value!r}.")
+        check_options("FusedSequential", self.num_warps, self.lanes)
 
     def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
         """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) within the
