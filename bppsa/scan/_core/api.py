@@ -45,6 +45,7 @@ def scan(
     forward: Forward | AutoForward | str | None = None,
     precision: str | Precision | None = None,
     check_structure: bool | None = None,
+    linear_vjp: bool | None = None,
 ) -> tuple[Carry, Y]:
     """Scans ``f`` over ``xs`` exactly like ``jax.lax.scan``; the backward pass is a parallel scan.
 
@@ -96,13 +97,26 @@ def scan(
             close to a float64 reference as back-propagation's on every backend (at JAX's
             default, TF32 on recent NVIDIA GPUs, a parallel scan's gradients drift by about
             1e-3; docs/accuracy.md). The body's own products keep the body's precision.
-        check_structure: if True, wherever the Jacobians are built in a structure found in
-            ``f`` (diagonal, block-diagonal; see :attr:`bppsa.ScanPlan.jacobians`), the first,
-            middle and last steps are also differentiated densely (one JVP per carry element)
-            and compared with it; a missed entry raises ``ValueError`` naming the structure,
-            the step (as an index into ``xs``) and the largest entry missed. The first thing
-            to turn on when a custom cell's gradients look wrong. ``None``: the setting of the
-            enclosing :func:`bppsa.grad`, else False (nothing of the check is traced).
+        check_structure: wherever the Jacobians are built in a structure found in ``f``
+            (diagonal, block-diagonal; see :attr:`bppsa.ScanPlan.jacobians`), check it against
+            the step itself. ``None`` (the setting of the enclosing :func:`bppsa.grad`, else
+            the default): at the middle step, the structured ``J^T`` applied to two fixed
+            pseudo-random vectors is compared with the step's own VJP of them (the cost of
+            two more VJPs of one step); a mismatch raises ``ValueError`` naming the structure,
+            the step (as an index into ``xs``) and the carry element that differs most.
+            ``True``: the first, middle and last steps are differentiated densely (one JVP per
+            carry element) and compared entry by entry, the error naming the largest entry
+            missed: the first thing to turn on when a custom cell's gradients look wrong.
+            ``False``: nothing of the check is traced.
+        linear_vjp: ``True`` declares that the backward of every ``jax.custom_vjp``
+            function that ``f``'s carry reaches is linear in its cotangent (a
+            straight-through estimator, a scaled gradient), so that its Jacobians (columns of
+            ``jax.vjp``) are exact and any method may run. ``None`` (the setting of the
+            enclosing :func:`bppsa.grad`, else False): such a backward may not be linear
+            (clipping the cotangent, say), and only back-propagation applies it exactly:
+            ``Auto()`` back-propagates (``Sequential()`` with the sequential forward) and an
+            explicit method that forms Jacobians raises ``ValueError`` naming the function.
+            ``jax.custom_jvp`` rules need no word: every method reads them.
 
     Returns:
         ``(final carry, stacked ys)``, identical to ``jax.lax.scan``.
@@ -131,7 +145,13 @@ def scan(
         (3, 3)
     """
     options = Options.make(
-        method, memory_limit, check_finite, forward, precision, check_structure=check_structure
+        method,
+        memory_limit,
+        check_finite,
+        forward,
+        precision,
+        check_structure=check_structure,
+        linear_vjp=linear_vjp,
     ).over(current())
     batch = _check_batch(batch)
     problem, init = prepare(
@@ -141,7 +161,7 @@ def scan(
         length,
         reverse=reverse,
         batch=batch,
-        check_structure=bool(options.check_structure),
+        check_structure=options.check_structure,
     )
     decision = decide(problem, options)
     plan = plans.record(

@@ -15,7 +15,10 @@ again.
 
 A backward that does not fit the memory limit is not an error of the forward: the decision keeps
 the :class:`~bppsa.scan._core.memory.MemoryLimitError` and raises it where the backward is
-traced (:meth:`Decision.backward_method`).
+traced (:meth:`Decision.backward_method`). So does a backward that cannot apply the step's
+``jax.custom_vjp`` rules exactly (:mod:`bppsa.scan._core.rules`): unless the user declares them
+linear in the cotangent (``linear_vjp=True``), a scan whose carry reaches one back-propagates
+where a policy chooses, and an explicit method that forms Jacobians is refused.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
-from bppsa.scan._core.methods import Auto, FusedSequential, Method, Policy, as_policy
+from bppsa.scan._core.methods import (
+    Auto,
+    FusedSequential,
+    Method,
+    Policy,
+    Sequential,
+    as_policy,
+)
 from bppsa.scan._core.methods.auto import checked_footprint
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -65,7 +75,8 @@ class Decision:
         precision: of the library's own products (``None``: ``"highest"``).
         memory_limit: bytes the backward may use (``None``: the device's available memory).
         check_finite: whether the backward reports the first non-finite step.
-        memory_error: the memory guard's error, raised where the backward is traced.
+        memory_error: the memory guard's error, or the refusal of a method that cannot apply
+            the step's ``jax.custom_vjp`` rules exactly, raised where the backward is traced.
         backward_because: why ``FusedSequential()``'s reverse loop does not run in its kernel
             (:meth:`~bppsa.FusedSequential.why_not` on the profile; ``None``: it does, or the
             backward is another method).
@@ -81,7 +92,7 @@ class Decision:
     precision: Precision | None
     memory_limit: float | None
     check_finite: bool
-    memory_error: MemoryLimitError | None = None
+    memory_error: MemoryLimitError | ValueError | None = None
     backward_because: str | None = None
 
     @property
@@ -99,6 +110,7 @@ class Decision:
 
         Raises:
             MemoryLimitError: it does not fit the scan's memory limit.
+            ValueError: it cannot apply the step's ``jax.custom_vjp`` rules exactly.
         """
         if self.backward is None:
             raise self.memory_error
@@ -126,6 +138,9 @@ def decide(problem: Problem, options: Options) -> Decision:
     :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, and
     whether the forward's Jacobians go to the backward."""
     requested, policy, profile = _asked(options)
+    opaque = () if options.linear_vjp else problem.opaque_rules
+    if opaque and isinstance(requested, Policy):  # back-propagation applies any rule exactly
+        policy = as_policy(Sequential())
     fp, limit = checked_footprint(problem, profile), options.memory_limit
     check_finite = bool(options.check_finite)
     error = None
@@ -136,7 +151,9 @@ def decide(problem: Problem, options: Options) -> Decision:
         backward, error = None, err
     asked = options.forward or AutoForward()
     forward_because = None
-    if isinstance(asked, AutoForward):
+    if isinstance(asked, AutoForward) and opaque:
+        forward, forward_because = SEQUENTIAL, f"{_rules_of(opaque)}: back-propagation"
+    elif isinstance(asked, AutoForward):
         solver = backward if backward is not None and backward.uses_jacobians else None
         fused = None if profile.measured_rules else Fused().why_not(problem, profile)
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
@@ -159,6 +176,8 @@ def decide(problem: Problem, options: Options) -> Decision:
             backward, error = guard(SequentialScan(), fp, limit, profile=profile), None
         except MemoryLimitError as err:
             backward, error = None, err
+    if opaque and (method.uses_jacobians or not forward.sequential):
+        backward, error = None, _refusal(opaque, method, options.forward)
     shares = (
         backward is not None
         and forward.shares_jacobians(problem)
@@ -181,6 +200,33 @@ def decide(problem: Problem, options: Options) -> Decision:
         check_finite=check_finite,
         memory_error=error,
         backward_because=backward_because,
+    )
+
+
+def _rules_of(opaque: tuple[str, ...]) -> str:
+    return (
+        "the step's jax.custom_vjp function"
+        + ("s " if len(opaque) > 1 else " ")
+        + (", ".join(opaque))
+    )
+
+
+def _refusal(opaque: tuple[str, ...], method: Method, forward) -> ValueError:
+    """The error of a backward that would form the Jacobians of a step whose carry reaches
+    ``jax.custom_vjp`` functions (``opaque``) not declared linear."""
+    how = (
+        f"method={method!r} forms"
+        if method.uses_jacobians
+        else f"with forward={forward!r}, the backward forms"
+    )
+    return ValueError(
+        f"bppsa.scan: {_rules_of(opaque)} may have a backward that is not linear in its "
+        f"cotangent (JAX calls it, nothing reads it), and {how} the step's Jacobians from it "
+        "(columns of jax.vjp), which is exact only for a linear one. Back-propagation applies "
+        "any rule exactly: method=bppsa.Sequential() with the sequential forward, what "
+        "bppsa.Auto() runs for such a step. If the backward is linear in the cotangent (a "
+        "straight-through estimator, a scaled or negated gradient), say so with "
+        "linear_vjp=True (on bppsa.scan or bppsa.grad) and any method runs it."
     )
 
 

@@ -37,6 +37,7 @@ from jax import lax
 from jax.extend.core import Literal
 
 from bppsa.scan._core.element_flow import CALLS, ELEMENTWISE
+from bppsa.scan._core.rules import JVP_RULES, bind
 
 # Primitives whose outputs' elements each come from the elements at the same position of their
 # operands, or are moved copies of them: kept as they are (with their derivatives).
@@ -90,25 +91,20 @@ def _run(jaxpr, consts, args, tracked) -> tuple[list, list]:
 def _apply(eqn, ins, deps) -> tuple[list, list]:
     name = eqn.primitive.name
     if not any(deps) or name in ALIGNED:
-        outs = _bind(eqn, ins)
+        outs = bind(eqn, *ins)
         return outs, [any(deps)] * len(outs)
+    if name in JVP_RULES:  # its own rule, kept: the structure analysis reads it
+        outs = bind(eqn, *ins)
+        return outs, [True] * len(outs)
     if name in CALLS:
         jaxpr, consts = _called(eqn)
-        if name == "custom_jvp_call" and _aligned(jaxpr):  # keep its own derivative rule
-            outs = _bind(eqn, ins)
-            return outs, [True] * len(outs)
         return _run(jaxpr, consts, ins, deps)  # its operations cut one by one
     if name == "dot_general":
         return [_dot_general(eqn, ins, deps)], [True]
-    # Anything else mixes elements (or is not understood): evaluated without the derivative.
-    outs = _bind(eqn, _cut(ins, deps))
+    # Anything else mixes elements (or is not understood, a custom_vjp call's opaque backward
+    # among them): evaluated without the derivative.
+    outs = bind(eqn, *_cut(ins, deps))
     return outs, [False] * len(outs)
-
-
-def _bind(eqn, ins) -> list:
-    """The equation's primitive applied to ``ins``, its outputs as a list."""
-    outs = eqn.primitive.bind(*ins, **eqn.params)
-    return list(outs) if eqn.primitive.multiple_results else [outs]
 
 
 def _cut(ins, deps) -> list:
@@ -122,21 +118,13 @@ def _called(eqn) -> tuple[Any, Any]:
     return (inner.jaxpr, inner.consts) if hasattr(inner, "consts") else (inner, ())
 
 
-def _aligned(jaxpr) -> bool:
-    """Whether every operation of ``jaxpr`` (and of the calls in it) is element-aligned."""
-    return all(
-        eqn.primitive.name in ALIGNED or (eqn.primitive.name in CALLS and _aligned(_called(eqn)[0]))
-        for eqn in jaxpr.eqns
-    )
-
-
 def _dot_general(eqn, ins, deps):
     """The product without the derivative of its carry-dependent operand ``u``, plus, against
     a weight ``W`` that does not depend on the carry, the term whose derivative is ``W``'s
     diagonal: ``W`` of ``m = k n`` rows (``k`` gates stacked) by the ``n`` elements of ``u``
     pairs output element ``i`` with element ``i mod n`` of ``u``, ``d_i = W[i, i mod n]``, and
     the term is ``d`` times ``k`` copies of ``u`` (for ``k = 1`` simply ``diag(W) * u``)."""
-    (out,) = _bind(eqn, _cut(ins, deps))
+    (out,) = bind(eqn, *_cut(ins, deps))
     if deps[0] == deps[1]:
         return out
     (contract_l, contract_r), (batch_l, _) = eqn.params["dimension_numbers"]

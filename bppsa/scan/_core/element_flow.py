@@ -12,9 +12,12 @@ and exact where it is cheap: it follows JAX's own autodiff, so values of integer
 (predicates, indices) have no derivative and an empty set; a moved element keeps its set
 (slices, transposes, concatenations, stacks, pads and slices at constant offsets); elementwise
 primitives take the union of their operands'; ``dot_general`` and reductions the union over the
-contracted or reduced axes. Everything else (gather, scatter, loops, callbacks, primitives not
-listed here, parameters not understood) makes its outputs depend on everything. This is the
-only module that reads jaxpr equations (``eqn.primitive.name``, ``eqn.params``).
+contracted or reduced axes. A call with its own derivative rule is read by its rule: a
+``custom_jvp`` call through the jaxpr of its rule's JVP (:func:`bppsa.scan._core.rules.jvp_jaxpr`,
+its tangents in the operands' place), a ``custom_vjp`` call, whose backward cannot be read,
+as depending on everything. Everything else (gather, scatter, loops, callbacks, primitives not
+listed here, parameters not understood, a rule that cannot be traced) makes its outputs depend
+on everything.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.extend.core import Literal
+
+from bppsa.scan._core import rules
 
 EMPTY = -1
 
@@ -46,8 +51,6 @@ CALLS = {  # primitive -> the parameter holding the called jaxpr (operands map 1
     "pjit": "jaxpr",
     "closed_call": "call_jaxpr",
     "core_call": "call_jaxpr",
-    "custom_jvp_call": "call_jaxpr",
-    "custom_vjp_call": "call_jaxpr",
     "remat2": "jaxpr",
     "checkpoint": "jaxpr",
 }
@@ -78,6 +81,7 @@ class Flow:
         self.n, self.max_block = n, max_block
         self.reasons: list[str] = []
         self.primitive = ""  # the equation being analysed, named in reasons
+        self.equation: Any = None
 
     def code(self, reason: str) -> int:
         if reason not in self.reasons:
@@ -153,6 +157,7 @@ class Flow:
 
     def apply(self, eqn, ins: list, values: list, shapes: list) -> list:
         name = self.primitive = eqn.primitive.name
+        self.equation = eqn
         rule = _rule(name)
         if rule is None:
             return [self.everything(shape, f"unknown primitive {name}") for shape in shapes]
@@ -174,6 +179,10 @@ def _rule(name: str) -> Callable | None:
         return _reduction
     if name in CALLS or name == "cond":
         return _call
+    if name in rules.JVP_RULES:
+        return _jvp_rule
+    if name in rules.VJP_RULES:
+        return _vjp_rule
     return _RULES.get(name)
 
 
@@ -195,6 +204,27 @@ def _call(flow: Flow, params, ins, values, shapes):
         jaxpr, consts = (branch.jaxpr, branch.consts) if hasattr(branch, "consts") else (branch, ())
         results.append(flow.run(jaxpr, consts, ins, values))
     return [flow.union(outs, shape, "cond") for shape, *outs in zip(shapes, *results)]
+
+
+def _jvp_rule(flow: Flow, params, ins, values, shapes):
+    """A ``custom_jvp`` call: its outputs' tangents depend on its operands' through its rule."""
+    eqn = flow.equation
+    try:
+        closed, float_in, float_out = rules.jvp_jaxpr(eqn)
+    except Exception as error:  # a rule that cannot be traced: dense, never a guess
+        cause = f"the custom_jvp rule of {rules.name(eqn)} could not be traced ({error})"
+        return [flow.everything(shape, cause[:200]) for shape in shapes]
+    primals = [empty(shape) for shape in (v.aval.shape for v in eqn.invars)]
+    tangents = [sets for sets, f in zip(ins, float_in) if f]
+    known = [*values, *[None] * len(tangents)]
+    outs = iter(flow.run(closed.jaxpr, closed.consts, [*primals, *tangents], known))
+    return [next(outs) if f else empty(shape) for shape, f in zip(shapes, float_out)]
+
+
+def _vjp_rule(flow: Flow, params, ins, values, shapes):
+    """A ``custom_vjp`` call: its backward is only ever called, never read."""
+    cause = f"the jax.custom_vjp function {rules.name(flow.equation)}, whose backward is opaque"
+    return [flow.everything(shape, cause) for shape in shapes]
 
 
 def _broadcast_in_dim(flow, params, ins, values, shapes):

@@ -26,6 +26,7 @@ def value_and_grad(
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
     check_structure: bool | None = None,
+    linear_vjp: bool | None = None,
 ) -> Callable[..., tuple[Any, Any]]:
     """Like ``jax.value_and_grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``.
 
@@ -50,17 +51,22 @@ def value_and_grad(
             (``"highest"``, ``"high"``, ``"default"``, a ``jax.lax.Precision`` or
             ``jax.lax.DotAlgorithmPreset``; ``None``: that of an enclosing ``bppsa.grad``, else
             ``"highest"``); the user's own products keep theirs. See :func:`bppsa.scan`.
-        check_structure: compare the Jacobians built in a structure found in a cell with
-            dense ones at a few steps, raising ``ValueError`` on a missed entry (``None``: that
-            of an enclosing ``bppsa.grad``, else False); see :func:`bppsa.scan`.
+        check_structure: ``True``: compare the Jacobians built in a structure found in a cell
+            with dense ones at a few steps, raising ``ValueError`` on a missed entry; ``False``:
+            no check; ``None``: that of an enclosing ``bppsa.grad``, else a cheap check at one
+            step (two products with the step's VJP); see :func:`bppsa.scan`.
+        linear_vjp: ``True`` declares that the backward of every ``jax.custom_vjp`` function
+            the scans' carries reach is linear in its cotangent, so that any method may run
+            (``None``: that of an enclosing ``bppsa.grad``, else False: such a scan
+            back-propagates); see :func:`bppsa.scan`.
 
     Returns:
         A function with the signature and results of ``jax.value_and_grad(fun, ...)``.
 
     Raises:
         ValueError: for an unknown method name (listing the valid ones) or a limit <= 0.
-        TypeError: for a method, limit, ``check_finite``, ``precision`` or
-            ``check_structure`` of the wrong type.
+        TypeError: for a method, limit, ``check_finite``, ``precision``, ``check_structure``
+            or ``linear_vjp`` of the wrong type.
 
     The options reach the scans when ``fun`` is traced, also when ``fun`` (or a function it
     calls) is already ``jax.jit``-compiled: they are part of ``jax.jit``'s cache key, so such a
@@ -76,7 +82,13 @@ def value_and_grad(
         [Blelloch(), Sequential()]
     """
     options = Options.make(
-        method, memory_limit, check_finite, forward, precision, check_structure=check_structure
+        method,
+        memory_limit,
+        check_finite,
+        forward,
+        precision,
+        check_structure=check_structure,
+        linear_vjp=linear_vjp,
     )
     if not tracing.OPTIONS_IN_JIT_KEY and tracing.is_jitted(fun):  # pragma: no cover
         raise TypeError(
@@ -106,9 +118,10 @@ def grad(
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
     check_structure: bool | None = None,
+    linear_vjp: bool | None = None,
 ) -> Callable:
     """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
-    ``check_finite``, ``forward``, ``precision`` and ``check_structure`` (see
+    ``check_finite``, ``forward``, ``precision``, ``check_structure`` and ``linear_vjp`` (see
     :func:`value_and_grad`).
 
     Example:
@@ -127,6 +140,7 @@ def grad(
         forward=forward,
         precision=precision,
         check_structure=check_structure,
+        linear_vjp=linear_vjp,
     )
 
     @functools.wraps(fun)

@@ -42,6 +42,9 @@ class Options:
             forward's policy (:class:`~bppsa.scan._core.auto_forward.AutoForward`).
         precision: of the library's own matrix products, in JAX's canonical form (see
             :mod:`bppsa.scan._precision`; unset: ``"highest"``).
+        linear_vjp: the user's word that the backward of every ``jax.custom_vjp`` function
+            the carry reaches is linear in its cotangent (see :mod:`bppsa.scan._core.rules`);
+            unset: it may not be, and only back-propagation runs such a step.
     """
 
     method: Method | Policy | None = None
@@ -50,6 +53,7 @@ class Options:
     check_structure: bool | None = None
     forward: Forward | AutoForward | None = None
     precision: _precision.Precision | None = None
+    linear_vjp: bool | None = None
 
     @classmethod
     def make(
@@ -60,6 +64,7 @@ class Options:
         forward=None,
         precision=None,
         check_structure=None,
+        linear_vjp=None,
     ) -> Options:
         """Validated options from user arguments (method and forward names are resolved here)."""
         return cls(
@@ -71,6 +76,7 @@ class Options:
             ),
             forward=None if forward is None else resolve_forward(forward),
             precision=None if precision is None else _precision.canonical(precision),
+            linear_vjp=None if linear_vjp is None else check_bool(linear_vjp, "linear_vjp"),
         )
 
     def over(self, outer: Options) -> Options:

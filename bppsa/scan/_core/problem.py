@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import arguments, tracing
+from bppsa.scan._core import arguments, rules, tracing
 from bppsa.scan._core.body import Body, trace_body
 from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, unstacked
 from bppsa.scan._core.diagonal_paths import diagonal
@@ -52,7 +52,9 @@ class Problem:
     batch: int
     batched: bool = False
     vmapped: bool = True  # whether a jax.vmap batches the scan (of size 1 too)
-    check_structure: bool = False  # compare structured Jacobians with dense ones at run time
+    # compare inferred structured Jacobians with the step at run time: True densely at a few
+    # steps, None at one step on two vectors (the default), False not at all
+    check_structure: bool | None = None
 
     def batched_problem(self) -> Problem:
         """This scan for a whole batch at once: the steps are vmapped over the examples (with
@@ -98,6 +100,17 @@ class Problem:
             return transform(lambda c: self.body.step(c, x, *consts)[0])(carry)
 
         return carry_structure(carry_map, self.init, x, *consts)
+
+    @functools.cached_property
+    def opaque_rules(self) -> tuple[str, ...]:
+        """The ``jax.custom_vjp`` functions whose inputs the step's carry may reach (their
+        names; :func:`bppsa.scan._core.rules.opaque_rules`): only back-propagation applies
+        their backwards exactly unless the user says they are linear."""
+        x = jax.tree.map(unstacked, self.xs)
+        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
+        return rules.opaque_rules(
+            lambda carry, x, *consts: self.body.step(carry, x, *consts)[:2], self.init, x, *consts
+        )
 
     @property
     def jacobians(self) -> str:
@@ -178,10 +191,10 @@ def prepare(
     *,
     reverse: bool,
     batch: int | None,
-    check_structure: bool = False,
+    check_structure: bool | None = None,
 ) -> tuple[Problem, Any]:
     """Checks a scan's arguments and traces its body once (``check_structure``: see
-    :mod:`bppsa.scan._core.structure_check`).
+    :mod:`bppsa.scan._core.structure_check`; ``None``: the default, sampled check).
 
     Returns:
         ``(problem, init)``, with ``init`` promoted to the carry's dtypes (weak types).

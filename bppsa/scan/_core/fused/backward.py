@@ -6,7 +6,8 @@ step ``t``'s output ``y_t`` sends to its carry). Nothing forms ``J_t``:
 
 1. the step is split as the fused forward splits it (:func:`~bppsa.scan._core.fused.split.
    split_step`): its carry cone ``c_{t+1} = cone(c_t, k, s_t)`` (``k`` the values hoisted
-   once, ``s_t`` those hoisted per step);
+   once, ``s_t`` those hoisted per step), its calls with their own derivative rules
+   (``custom_jvp``, ``custom_vjp``) kept whole, so that the next item applies each rule;
 2. one *reverse step* ``g_t = vjp(cone(., k, s_t), c_t)(g_{t+1}) + o_t`` is traced with JAX's
    own ``jax.vjp`` and split again, its cotangent ``g`` in the carry's place and
    ``(c_t, s_t, o_t)`` in ``x``'s: what does not depend on ``g`` (the cone's primal values at
@@ -107,7 +108,7 @@ def _make_plan(problem: Problem, offsets: bool, kernels: Kernels, lanes: int | N
     if problem.length < 1:
         return "an empty scan (length 0)"
     try:
-        forward, _ = split_scan_step(problem)
+        forward, _ = split_scan_step(problem, rules=True)  # differentiated: rules kept
         mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
         floats = [v for v, f in zip(forward.carry_in, mask) if f]
         x = _avals([*forward.carry_in, *forward.step_residuals])

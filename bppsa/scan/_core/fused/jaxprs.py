@@ -1,4 +1,10 @@
-"""Evaluating jaxprs by binding their primitives: calls inlined, equations run in place."""
+"""Evaluating jaxprs by binding their primitives: calls inlined, equations run in place.
+
+Calls with their own derivative rules (``custom_jvp``, ``custom_vjp``) are inlined for the
+forward, which no derivative runs through; a step that is differentiated afterwards (the fused
+backward's reverse step) keeps them whole (``rules=True``), so that ``jax.vjp`` applies each
+rule as it does through ``lax.scan``.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +14,19 @@ from typing import Any
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-# Primitives whose inner jaxpr is evaluated in place (their own rules only matter to autodiff,
-# which never runs through the forward: the library's derivative rules wrap it).
-INLINED = frozenset(
-    {
-        "jit",
-        "pjit",
-        "closed_call",
-        "core_call",
-        "custom_jvp_call",
-        "custom_vjp_call",
-        "custom_vjp_call_jaxpr",
-        "remat",
-        "remat2",
-        "checkpoint",
-    }
-)
+from bppsa.scan._core.rules import JVP_RULES, VJP_RULES, bind
+
+# Primitives whose inner jaxpr is evaluated in place.
+INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
+# Calls with their own derivative rules: inlined only where nothing differentiates the result.
+RULES = JVP_RULES | VJP_RULES
 
 
-def _inner(eqn) -> tuple[Jaxpr, Sequence[Any]] | None:
-    """The jaxpr and consts an inlined call evaluates (``None``: not an inlined call)."""
-    if eqn.primitive.name not in INLINED:
+def _inner(eqn, rules: bool = False) -> tuple[Jaxpr, Sequence[Any]] | None:
+    """The jaxpr and consts an inlined call evaluates (``None``: not an inlined call; with
+    ``rules``, calls with their own derivative rules are not inlined)."""
+    name = eqn.primitive.name
+    if name not in INLINED and (rules or name not in RULES):
         return None
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         inner = eqn.params.get(key)
@@ -39,18 +37,11 @@ def _inner(eqn) -> tuple[Jaxpr, Sequence[Any]] | None:
     return None
 
 
-def bind(eqn, *args: Any, **updates: Any) -> list[Any]:
-    """``eqn``'s primitive bound to ``args`` with its parameters (``updates`` replacing some)."""
-    params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns: Sequence[Any] = ()
-    if isinstance(params, tuple):  # JAX versions that split off the subfunctions
-        subfuns, params = params
-    out = eqn.primitive.bind(*subfuns, *args, **{**params, **updates})
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def evaluate(jaxpr: Jaxpr, consts: Sequence[Any], *args: Any, inline: bool = True) -> list[Any]:
-    """``jaxpr`` evaluated by binding its primitives (inlined calls evaluated in place)."""
+def evaluate(
+    jaxpr: Jaxpr, consts: Sequence[Any], *args: Any, inline: bool = True, rules: bool = False
+) -> list[Any]:
+    """``jaxpr`` evaluated by binding its primitives (inlined calls evaluated in place; with
+    ``rules``, calls with their own derivative rules kept whole)."""
     env: dict[Any, Any] = {}
 
     def read(v):
@@ -62,9 +53,9 @@ def evaluate(jaxpr: Jaxpr, consts: Sequence[Any], *args: Any, inline: bool = Tru
         env[var] = value
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-        inner = _inner(eqn) if inline else None
+        inner = _inner(eqn, rules) if inline else None
         if inner is not None:
-            outvals = evaluate(inner[0], inner[1], *invals[-len(inner[0].invars) :])
+            outvals = evaluate(inner[0], inner[1], *invals[-len(inner[0].invars) :], rules=rules)
         else:
             outvals = bind(eqn, *invals)
         for var, value in zip(eqn.outvars, outvals):
@@ -72,10 +63,13 @@ def evaluate(jaxpr: Jaxpr, consts: Sequence[Any], *args: Any, inline: bool = Tru
     return [read(v) for v in jaxpr.outvars]
 
 
-def flat_jaxpr(fun: Callable, *shapes: Any) -> ClosedJaxpr:
-    """The jaxpr of ``fun`` on flat arguments, with every inlined call evaluated in place."""
+def flat_jaxpr(fun: Callable, *shapes: Any, rules: bool = False) -> ClosedJaxpr:
+    """The jaxpr of ``fun`` on flat arguments, with every inlined call evaluated in place
+    (with ``rules``, calls with their own derivative rules kept whole)."""
     closed = jax.make_jaxpr(fun)(*shapes)
-    return jax.make_jaxpr(lambda *a: evaluate(closed.jaxpr, closed.consts, *a))(*shapes)
+    return jax.make_jaxpr(lambda *a: evaluate(closed.jaxpr, closed.consts, *a, rules=rules))(
+        *shapes
+    )
 
 
 def run_equations(eqns: Sequence[Any], env: dict) -> dict:

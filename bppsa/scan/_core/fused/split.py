@@ -1,7 +1,8 @@
 """A scan's step split into what depends on the carry and what does not.
 
-:func:`split_step` traces one step to a flat jaxpr (calls such as ``jit`` and ``custom_jvp_call``
-inlined) and sorts its equations by what they read:
+:func:`split_step` traces one step to a flat jaxpr (calls such as ``jit`` inlined; calls with their
+own derivative rules too, unless the step is to be differentiated) and sorts its equations by
+what they read:
 
 * ``constant``: neither the carry nor ``x`` (e.g. ``W_hh^T``, ``b_ih + b_hh``): evaluated once;
 * ``per_step``: ``x`` but not the carry (input projections ``x @ W_ih``): evaluated for all
@@ -63,9 +64,17 @@ class Split:
         return self.jaxpr.jaxpr.outvars[self.num_carry :]
 
 
-def split_step(step: Callable, carry: Sequence[Any], x: Sequence[Any], consts: Sequence[Any]):
+def split_step(
+    step: Callable,
+    carry: Sequence[Any],
+    x: Sequence[Any],
+    consts: Sequence[Any],
+    *,
+    rules: bool = False,
+):
     """:class:`Split` of ``step(carry_leaves, x_leaves, const_leaves) -> (carry_leaves,
-    y_leaves)`` at the shapes given (lists of ``jax.ShapeDtypeStruct``)."""
+    y_leaves)`` at the shapes given (lists of ``jax.ShapeDtypeStruct``); ``rules``: keep the
+    calls with their own derivative rules whole (for a step that is differentiated)."""
     nc, nx = len(carry), len(x)
     num_ys = []
 
@@ -74,7 +83,7 @@ def split_step(step: Callable, carry: Sequence[Any], x: Sequence[Any], consts: S
         num_ys.append(len(ys))
         return [*new_carry, *ys]
 
-    closed = push_slices(flat_jaxpr(flat, *carry, *x, *consts), nc)
+    closed = push_slices(flat_jaxpr(flat, *carry, *x, *consts, rules=rules), nc)
     jaxpr = closed.jaxpr
     on_carry = set(jaxpr.invars[:nc])
     on_x = set(jaxpr.invars[nc : nc + nx])
@@ -138,9 +147,9 @@ def shapes_of(values) -> list:
     return [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in values]
 
 
-def split_scan_step(problem) -> tuple[Split, Any]:
+def split_scan_step(problem, *, rules: bool = False) -> tuple[Split, Any]:
     """A scan's step (``problem.body``, one step of its carry and ``x`` as flat leaves) split by
-    :func:`split_step`, and the tree of its outputs ``ys``.
+    :func:`split_step` (``rules``: as there), and the tree of its outputs ``ys``.
 
     Raises:
         Exception: whatever tracing or splitting the step raises (the callers fall back).
@@ -159,5 +168,5 @@ def split_scan_step(problem) -> tuple[Split, Any]:
         ys_trees.append(ys_tree)
         return carry_tree.flatten_up_to(new_carry), y_leaves
 
-    split = split_step(step, carry_leaves, x_leaves, consts)
+    split = split_step(step, carry_leaves, x_leaves, consts, rules=rules)
     return split, ys_trees[0]
