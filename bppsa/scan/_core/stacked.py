@@ -19,7 +19,7 @@ def steps_with_jacobians(
     *,
     batched: bool = False,
     structure: Structure | None = None,
-    check: bool = False,
+    check: bool | None = False,
     reverse: bool = False,
     jacobians: bool = True,
     diagonal: Structure | None = None,
@@ -38,9 +38,10 @@ def steps_with_jacobians(
     ``(T, B, ...)``; the consts are shared), each with its own Jacobian (maps with a batch
     axis after the stack axis); ``layout`` is that of one example.
 
-    ``check`` (with a ``structure``): also compare the structured Jacobians of a few steps with
-    dense ones (:mod:`bppsa.scan._core.structure_check`; ``reverse``: the stack runs from the
-    end of ``xs``, for the step it names).
+    ``check`` (with a ``structure``): also compare the structured Jacobians with the step's own
+    derivative (:mod:`bppsa.scan._core.structure_check`): ``True`` densely at a few steps,
+    ``None`` at the middle step on two vectors, ``False`` not at all (``reverse``: the stack
+    runs from the end of ``xs``, for the step it names).
 
     ``jacobians=False``: the steps alone, ``jac_t`` ``None`` (for a backward given the
     Jacobians by the forward).
@@ -49,7 +50,8 @@ def steps_with_jacobians(
     diagonals of the Jacobians, from the step's element-aligned paths
     (:mod:`bppsa.scan._core.diagonal_paths`), whose derivative has this structure.
     """
-    check = check and jacobians and structure is not None and not analytic
+    checked = check is not False and jacobians and structure is not None and not analytic
+    compare = structure_check.check if check else structure_check.sampled
 
     def carry_map_at(consts, carry, x):
         def carry_map(vector):
@@ -74,8 +76,8 @@ def steps_with_jacobians(
         return (new_carry, y), jac_t
 
     def check_steps(jac_t, consts, carries, xs, examples):
-        if check and jac_t is not None:
-            structure_check.check(
+        if checked and jac_t is not None:
+            compare(
                 carry_map_at,
                 layout.pack,
                 jac_t,

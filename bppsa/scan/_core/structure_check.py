@@ -1,17 +1,26 @@
-"""An optional check of a structured step Jacobian against the step itself.
+"""Checks of a structured step Jacobian against the step itself.
 
-With ``check_structure=True`` (on :func:`bppsa.scan`, :func:`bppsa.grad` or
-:func:`bppsa.value_and_grad`), wherever a scan builds its steps' transposed Jacobians in a
-structure found in the cell's jaxpr (diagonal, block-diagonal), it also differentiates a few
-steps densely (one JVP per carry element: the first, the middle and the last step) and compares
-the whole Jacobian with the structured one. It raises ``ValueError`` naming the structure
-claimed, the step (as an index into ``xs``) and the largest entry the structure misses: a
-nonzero of the true Jacobian outside the claimed blocks, or a block entry that differs from the
-true one by more than ``sqrt(eps)`` of the largest entry.
+Wherever a scan builds its steps' transposed Jacobians in a structure found in the cell's jaxpr
+(diagonal, block-diagonal), a check compares them with the step's own derivative (the
+``check_structure`` option of :func:`bppsa.scan`, :func:`bppsa.grad` and
+:func:`bppsa.value_and_grad`):
 
-The check runs on the device (a ``jax.debug.callback`` with a few scalars per checked step).
-Outside ``jax.jit`` the ``ValueError`` reaches the caller; under ``jax.jit`` JAX re-raises it
-as its runtime error, with the same message inside. Off (the default), nothing of it is traced.
+* by default (:func:`sampled`), at the middle step: the structured ``J^T`` applied to two fixed
+  pseudo-random vectors against the step's VJP of the same vectors, the cost of two VJPs of one
+  step. A structure that misses an entry mixes the columns of the colours it was built from,
+  which shows in ``J^T u`` for almost every ``u``. It raises ``ValueError`` naming the structure,
+  the step (as an index into ``xs``) and the carry element where ``J^T u`` differs most, past
+  ``4 sqrt(eps)`` of ``|J^T| |u|`` (room for the library's products at a lower precision);
+* with ``check_structure=True`` (:func:`check`), the first, middle and last steps are
+  differentiated densely (one JVP per carry element) and the whole Jacobian is compared with
+  the structured one, the error naming the largest entry the structure misses: a nonzero of the
+  true Jacobian outside the claimed blocks, or a block entry that differs from the true one by
+  more than ``sqrt(eps)`` of the largest entry.
+
+Both run on the device (a ``jax.debug.callback`` with a few values per checked step). Outside
+``jax.jit`` the ``ValueError`` reaches the caller; under ``jax.jit`` JAX re-raises it as its
+runtime error, with the same message inside. With ``check_structure=False``, nothing of either
+is traced.
 """
 
 from __future__ import annotations
@@ -104,6 +113,88 @@ def check(
     )
 
 
+SAMPLES = 2  # vectors the sampled check applies the step's J^T to
+
+
+def sampled(
+    carry_map_at: Callable[[object, object, object], Callable[[Array], Array]],
+    pack: Callable[[object], Array],
+    jac_t: MapStack,
+    consts,
+    carries,
+    xs,
+    *,
+    examples: int | None,
+    reverse: bool,
+) -> None:
+    """Compares ``jac_t`` at the middle step with the step's VJP on :data:`SAMPLES` fixed
+    vectors; raises (through a callback) where they differ. Arguments as for :func:`check`."""
+    count = len(jac_t)
+    if not count:
+        return
+    step = count // 2
+    consts, carries, xs = jax.lax.stop_gradient((consts, carries, xs))
+    carry, x = jax.tree.map(lambda a: a[step], (carries, xs))
+    claimed = jac_t.map_per_step(lambda a: jax.lax.stop_gradient(a)[step : step + 1])
+    point = pack(carry)
+    n = point.shape[-1]
+    # fixed vectors: the check is the same on every run (no randomness a test could trip on)
+    u = jax.random.normal(jax.random.key(0), (SAMPLES, n), point.dtype)
+    _, pullback = jax.vjp(carry_map_at(consts, carry, x), point)
+    truth = jax.vmap(lambda v: pullback(v)[0])(u)  # (SAMPLES, n): J^T u
+    built = claimed.apply(u[None])[0]
+    scale = claimed.map_per_step(jnp.abs).apply(jnp.abs(u)[None])[0]
+    eps = float(np.finfo(truth.dtype).eps)
+    tolerance = 4 * np.sqrt(eps) * jnp.maximum(scale.max(), np.finfo(truth.dtype).tiny)
+    difference = jnp.abs(truth - built).max(0)  # (n,)
+    where = difference.argmax()
+    jax.debug.callback(
+        functools.partial(
+            _raise_sampled,
+            step=step,
+            examples=examples,
+            count=count,
+            reverse=reverse,
+            structure=jac_t.structure or type(jac_t).__name__,
+        ),
+        difference[where],
+        difference[where] > tolerance,
+        where,
+        scale.max(),
+    )
+
+
+def _raise_sampled(difference, bad, where, scale, *, step, examples, count, reverse, structure):
+    bad = np.asarray(bad)
+    if not bad.any():
+        return
+    # under jax.vmap the arguments carry the batch: report the worst example
+    worst = int(np.argmax(np.where(bad, np.asarray(difference), -1).reshape(-1)))
+    difference, where, scale = (
+        np.asarray(a).reshape(-1)[worst] for a in (difference, where, scale)
+    )
+    raise ValueError(
+        f"bppsa.scan (check_structure): the step Jacobian was built as {structure}, but at "
+        f"time step {_step_name(step, examples, count, reverse)} it does not match the step's "
+        f"own derivative: for fixed vectors u, J^T u differs from the step's VJP of u by "
+        f"{float(difference):.6g} at carry element {int(where)} (|J^T| |u| is at most "
+        f"{float(scale):.6g}; indices into the packed carry: its float leaves flattened and "
+        "concatenated in jax.tree.leaves order). The structure analysis misread the cell: "
+        "please report the cell; check_structure=True names the entry it misses, "
+        "check_structure=False turns the check off, and method='sequential' back-propagates "
+        "without Jacobians."
+    )
+
+
+def _step_name(step: int, examples: int | None, count: int, reverse: bool) -> str:
+    """Step ``step`` of a stack of ``count`` (``T * B`` steps of a batch with ``examples``) as
+    an index into ``xs``."""
+    length = count // examples if examples else count
+    t, b = divmod(step, examples) if examples else (step, None)
+    at = f"xs[{length - 1 - t if reverse else t}]"
+    return at if b is None else f"{at} (example {b})"
+
+
 def _raise(
     missed,
     where_missed,
@@ -127,12 +218,9 @@ def _raise(
         return
     # the step whose worst entry is largest, among the failing ones
     worst = int(np.argmax(np.where(bad, np.maximum(missed, np.where(too_wrong, wrong, 0)), -1)))
-    length = count // examples if examples else count
 
     def where(step: int) -> str:
-        t, b = divmod(step, examples) if examples else (step, None)
-        at = f"xs[{length - 1 - t if reverse else t}]"
-        return at if b is None else f"{at} (example {b})"
+        return _step_name(step, examples, count, reverse)
 
     if missed[worst] > 0:
         col, row = divmod(int(np.asarray(where_missed)[worst]), n)  # J^T[col, row] = J[row, col]
