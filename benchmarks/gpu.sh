@@ -26,7 +26,8 @@
 #   8. what the precision costs: one sequence's gradient, BP against bppsa at "highest" and at
 #      "default" (benchmarks/total.py): total_gpu.json
 #   9. the structured cells (benchmarks/width.py: ParaRNN's diagonal GRU and CIFG LSTM at
-#      H = 256, 1024, 4096): width_gpu.json
+#      H = 256, 1024, 4096): width_gpu.json; what the default structure check costs a found
+#      diagonal (IndRNN written in plain jnp, H = 1024): structure_check_gpu.json
 #  10. the Newton forward and the whole step with the forward's policy (benchmarks/newton.py),
 #      and quasi-Newton's forward on a dense autodiff GRU: newton_gpu.jsonl
 #  11. as time allows: larger hidden sizes (speed_h_gpu.json), bppsa.Sharded on this device
@@ -226,6 +227,15 @@ width_args=(--require-backend gpu --cells diagonal-gru cifg-lstm --hiddens 256 1
     --inputs 4 --methods auto blelloch --newton --repeats 1)
 step width "$width_s" 40 python3 -m benchmarks.width "${width_args[@]}" \
     --out "$results/width_gpu.json"
+
+# 9b. The default structure check (one step's J^T on two vectors against the step's VJP): the
+# backward of a diagonal found in a plain-jnp IndRNN with and without it, T = 4096, B = 8.
+check_args=(--require-backend gpu --cells indrnn-user --hiddens 1024 --lengths 4096 --batches 8
+    --inputs 256 --methods auto blelloch --structure-check --repeats 3)
+((dry)) && check_args=(--cells indrnn-user --hiddens 8 --lengths 16 --batches 2 --inputs 4
+    --methods blelloch --structure-check --repeats 1)
+step structure_check 30 15 python3 -m benchmarks.width "${check_args[@]}" \
+    --out "$results/structure_check_gpu.json"
 
 # 10. The Newton forward (H = 20, float32): iterations and fallbacks at T = 1k and 10k, the
 # forward against lax.scan and whole gradients (BP; Blelloch after the sequential and after the

@@ -22,6 +22,11 @@ time from the profiler (``backward_kernel_ms``), the cross-check of the pullback
 what Auto ran and how the Jacobians were built are recorded beside them. The JSON
 (``"backward": "pullback"``) is rewritten atomically after every point.
 
+With ``--structure-check``, every method also runs with ``check_structure=False`` as a program
+of its own (``<method>-unchecked``), and each row records what the default structure check
+costs a structure found in the cell (``indrnn-user``): ``check_cost_backward_{median,min}``,
+the checked backward's time over the unchecked one's, and the same for the total.
+
 Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 256 1024 4096
 --length 4096 --batch 4 --out benchmarks/results/width/cpu.json``.
 """
@@ -97,10 +102,22 @@ def problem(cell: str, length: int, batch: int, hidden: int, inputs: int):
     return params, xs, loss
 
 
-def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False) -> dict:
+UNCHECKED = "-unchecked"  # a method's program with check_structure=False
+
+
+def measure(
+    cell, length, batch, hidden, inputs, methods, repeats, newton=False, structure_check=False
+) -> dict:
     params, xs, loss = problem(cell, length, batch, hidden, inputs)
     scans = {"bp": jax.lax.scan}
     scans |= {name: functools.partial(bppsa.scan, method=method_of(name)) for name in methods}
+    if structure_check:
+        scans |= {
+            name + UNCHECKED: functools.partial(
+                bppsa.scan, method=method_of(name), check_structure=False
+            )
+            for name in methods
+        }
     row = dict(cell=cell, length=length, batch=batch, hidden=hidden, inputs=inputs, methods={})
     programs = {}
     for name, scan in scans.items():
@@ -135,6 +152,12 @@ def measure(cell, length, batch, hidden, inputs, methods, repeats, newton=False)
                 bp[f"backward{suffix}_ms"] / entry[f"backward{suffix}_ms"]
             )
             entry[f"total_speedup_{stat}"] = bp[f"total{suffix}_ms"] / entry[f"total{suffix}_ms"]
+            if structure_check:
+                unchecked = row["methods"][name + UNCHECKED]
+                for part in ("backward", "total"):
+                    entry[f"check_cost_{part}_{stat}"] = (
+                        entry[f"{part}{suffix}_ms"] / unchecked[f"{part}{suffix}_ms"]
+                    )
     return row
 
 
@@ -159,6 +182,11 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", help="several T (overrides --length)")
     parser.add_argument("--batches", type=int, nargs="+", help="several B (overrides --batch)")
     parser.add_argument("--newton", action="store_true", help="also time the Newton forward")
+    parser.add_argument(
+        "--structure-check",
+        action="store_true",
+        help="also time every method with check_structure=False (the default check's cost)",
+    )
     parser.add_argument("--seconds", type=float, help="stop starting points after this long")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/width.json"))
     parser.add_argument("--require-backend", help="stop unless JAX's default backend is this")
@@ -188,7 +216,15 @@ def main(argv=None) -> int:
             break
         try:
             row = measure(
-                cell, length, batch, hidden, args.inputs, args.methods, args.repeats, args.newton
+                cell,
+                length,
+                batch,
+                hidden,
+                args.inputs,
+                args.methods,
+                args.repeats,
+                args.newton,
+                args.structure_check,
             )
         except Exception as error:  # e.g. out of device memory: recorded, the grid goes on
             row = dict(cell=cell, length=length, batch=batch, hidden=hidden, status="error")
@@ -208,6 +244,8 @@ def main(argv=None) -> int:
                 f" | {name} bwd {m['backward_ms']:8.1f} ms "
                 f"x{_x(m['backward_speedup_median'])} ({m['jacobians']}; {m['ran']})"
             )
+            if args.structure_check:
+                line += f" check x{m['check_cost_backward_median']:.3f}"
         if args.newton:
             line += f" | Newton fwd x{row['newton_speedup_median']:.2f}"
         print(line, flush=True)

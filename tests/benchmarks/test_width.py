@@ -36,3 +36,19 @@ def test_each_quantity_is_its_own_measurement(tmp_path):
         for quantity in ("backward", "total"):
             ms = f"{quantity}{suffix}_ms"
             assert ours[f"{quantity}_speedup_{stat}"] == pytest.approx(bp[ms] / ours[ms])
+
+
+def test_the_structure_check_s_cost_is_a_ratio_of_two_programs(tmp_path):
+    out = tmp_path / "check.json"
+    argv = ["--cells", "indrnn-user", "--hiddens", "4", "--lengths", "5", "--batches", "2"]
+    argv += ["--inputs", "3", "--methods", "blelloch", "--structure-check", "--repeats", "2"]
+    assert width.main([*argv, "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    checked, unchecked = row["methods"]["blelloch"], row["methods"]["blelloch-unchecked"]
+    assert checked["jacobians"] == "autodiff, diagonal"  # a found structure: the check runs
+    for stat, suffix in (("median", ""), ("min", "_min")):
+        for quantity in ("backward", "total"):
+            ms = f"{quantity}{suffix}_ms"
+            assert checked[f"check_cost_{quantity}_{stat}"] == pytest.approx(
+                checked[ms] / unchecked[ms]
+            )
