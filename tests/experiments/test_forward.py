@@ -59,7 +59,7 @@ def test_rnn_train_with_the_newton_forward_agrees_with_bp(tmp_path, capsys):
     assert code == 0
     assert f"over {ITERATIONS} iterations" in capsys.readouterr().out
     _assert_newton_only_in_bppsa(plans)
-    folder = tmp_path / "train-quick"
+    folder = tmp_path / "train-quick-T20-B4"
     (bp_config, bp), (bppsa_config, losses) = _run(folder, "bp"), _run(folder, "bppsa")
     assert bppsa_config["forward"] == "newton"
     assert bp_config["forward"] == "sequential"  # the reference stays lax.scan
@@ -121,7 +121,7 @@ def test_help_says_that_bp_keeps_lax_scan(capsys):
     with pytest.raises(SystemExit):
         _main(rnn_synthetic, "train", "--help")
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--forward {sequential,newton}" in help_text
+    assert "--forward {sequential,newton,fused}" in help_text
     assert "bp always runs jax.grad through lax.scan" in help_text
 
 
@@ -130,7 +130,7 @@ def test_a_run_from_before_the_option_resumes_and_refuses_another_forward(tmp_pa
     ``lax.scan``: it resumes with the default and is refused, naming the key, with newton."""
     argv = ["train", *TINY_RNN, "--eval-samples", 0, "--method", "bppsa", "--out", tmp_path]
     assert _main(rnn_synthetic, *argv, "--iterations", 2) == 0
-    log = tmp_path / "train-quick" / "bppsa" / "metrics.jsonl"
+    log = tmp_path / "train-quick-T20-B4" / "bppsa" / "metrics.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     del rows[0]["config"]["forward"]
     log.write_text("".join(json.dumps(row) + "\n" for row in rows))

@@ -33,7 +33,7 @@ def run(*argv):
 
 
 def test_help_of_every_command(capsys):
-    for command in ([], ["breakdown"], ["train"], ["fixture"], ["smoke"]):
+    for command in ([], ["breakdown"], ["train"], ["fixture"]):
         with pytest.raises(SystemExit) as info:
             run(*command, "--help")
         assert info.value.code == 0
@@ -128,7 +128,7 @@ def test_breakdown_resumes_and_draws(root, cache, tmp_path, capsys):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["sweep", "point", "sweep"]
     with pytest.raises(SystemExit):  # another configuration in the same folder
-        run(*argv[:-1], "--hidden", 8, "--no-progress")
+        run(*argv[:-1], "--seed", 1, "--no-progress")
     paths = fig9.main([str(log.parent), "--out", str(tmp_path / "figures")])
     assert [p.name for p in paths] == ["fig9.png", "fig9.pdf"]
     assert all(p.stat().st_size > 0 for p in paths)
