@@ -4,10 +4,10 @@ preset, the results folder, the backward methods, a training run's options), eve
 shown in ``--help``, and what their ``main`` does with them (the preset, the run folder, the
 progress bars, a fatal error).
 
-Presets, the same flags in every script: ``--smoke`` (seconds, for tests), ``--quick`` (minutes
-on a CPU; the default), ``--paper`` (the paper's sizes) and ``--gpu`` (for one accelerator),
-each script offering those it has (:func:`add_presets`). A run folder is named after its
-configuration (:func:`run_name`).
+Presets, the same flags in every script: ``--smoke`` (tiny sizes: seconds to minutes),
+``--quick`` (minutes on a CPU; the default), ``--paper`` (the paper's sizes) and ``--gpu`` (for
+one accelerator), each script offering those it has (:func:`add_presets`). A run folder is named
+after its configuration (:func:`run_name`).
 
 A new option of the training commands (``rnn_synthetic train/sweep``, ``gru_irmas train``)
 belongs in :func:`add_training` and :func:`training_config`.
@@ -39,11 +39,11 @@ METHODS_HELP = (
     "chunked-C, sequential-jacobians (default: bp bppsa)"
 )
 FORWARD_HELP = (
-    "forward pass of the BPPSA methods: sequential (the library's default: lax.scan on a CPU, "
-    "the fused kernel where it runs on a GPU), newton (bppsa.Newton(): Newton iterations over "
-    "the whole sequence, each a parallel scan) or fused (bppsa.Fused(): the loop in one "
-    "kernel; interpreted, slowly, on a CPU); bp always runs jax.grad through lax.scan, the "
-    "reference the losses are compared with"
+    "forward pass of the BPPSA methods: sequential (the default: the library's own choice, "
+    "lax.scan on a CPU, the fused kernel where it runs on a GPU), newton (bppsa.Newton(): "
+    "Newton iterations over the whole sequence, each a parallel scan) or fused "
+    "(bppsa.Fused(): the loop in one kernel; interpreted, slowly, on a CPU); bp always runs "
+    "jax.grad through lax.scan, the reference the losses are compared with"
 )
 
 # The presets' flags, in the order --help lists them.

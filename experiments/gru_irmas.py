@@ -239,7 +239,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     variants = list(dict.fromkeys(args.variants or preset.variants))
     if args.command == "breakdown":
         # the batches are the points', which join one log: only H names the folder
-        folder = _cli.run_folder(args, _cli.run_name(base, {"H": (args.hidden, 20)}))
+        sizes = {"H": (args.hidden, preset.train.hidden)}
+        folder = _cli.run_folder(args, _cli.run_name(base, sizes))
         batches = list(dict.fromkeys(args.batches or preset.batches))
         _check_data(parser, data, batches)
         clips = _load(args, data, variants, args.seed or 0)
