@@ -156,3 +156,15 @@ def test_train_resumes_without_duplicates_and_draws(root, cache, tmp_path):
     np.testing.assert_allclose(losses["bppsa"], losses["bp"], rtol=1e-5)
     paths = fig13.main([str(tmp_path / "t"), "--out", str(tmp_path / "figures")])
     assert [p.name for p in paths] == ["fig13.png", "fig13.pdf"]
+
+
+def test_smoke_writes_the_fixture_and_draws_the_figure(tmp_path, capsys):
+    """``breakdown --smoke`` without ``--data``: the SYNTHETIC fixture under ``--out``, the
+    breakdown in ``breakdown-smoke`` and Fig. 9 beside it (one point, one round, to be quick)."""
+    argv = ["breakdown", "--smoke", "--variants", "S", "--batches", 4, "--repeats", 1]
+    run(*argv, "--out", tmp_path, "--cache-dir", tmp_path / "cache", "--no-progress")
+    assert (tmp_path / "fixture" / irmas.SYNTHETIC_MARKER).exists()
+    folder = tmp_path / "breakdown-smoke"
+    assert (folder / "breakdown.jsonl").exists()
+    assert (folder / "figures" / "fig9.png").stat().st_size > 0
+    assert "SYNTHETIC" in capsys.readouterr().out
