@@ -98,3 +98,12 @@ def test_an_unknown_figure_is_refused(capsys):
         _catalog.main(["fig99"])
     assert info.value.code == 2
     assert "unknown figure 'fig99'; expected one of fig7" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("figure", _catalog.FIGURES, ids=lambda figure: figure.name)
+def test_every_figure_scripts_help_says_where_out_goes(figure, capsys):
+    module = importlib.import_module(f"paper_figures.{figure.name}")
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--out OUT output folder (default " in help_text
