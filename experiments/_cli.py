@@ -1,7 +1,13 @@
 """The experiments' command lines, written once: argument types (bad values are refused by
 argparse, naming the argument, before any work starts), the options the experiments share (the
-configuration, the results folder, the backward methods, a training run's options) and what
-their ``main`` does with them (the preset, the run folder, the progress bars, a fatal error).
+preset, the results folder, the backward methods, a training run's options), every default
+shown in ``--help``, and what their ``main`` does with them (the preset, the run folder, the
+progress bars, a fatal error).
+
+Presets, the same flags in every script: ``--smoke`` (tiny sizes: seconds to minutes),
+``--quick`` (minutes on a CPU; the default), ``--paper`` (the paper's sizes) and ``--gpu`` (for
+one accelerator), each script offering those it has (:func:`add_presets`). A run folder is named
+after its configuration (:func:`run_name`).
 
 A new option of the training commands (``rnn_synthetic train/sweep``, ``gru_irmas train``)
 belongs in :func:`add_training` and :func:`training_config`.
@@ -13,22 +19,36 @@ import argparse
 import dataclasses
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from experiments._help import HelpFormatter
 from experiments.methods import FORWARDS, OVER_TIME, SEQUENTIAL_FORWARD
 from paper_figures.result_files import methods as method_names
 
 COMMANDS_EPILOG = "Run '<command> --help' for a command's options."
+# What bppsa.Auto() runs today (bppsa/scan/_core/methods/auto.py, docs/guide.md).
+AUTO_HELP = (
+    "bppsa.Auto(): on accelerators the fastest of BP, Blelloch and Chunked by the cost model "
+    "(and FusedSequential on a profile with a fused rate), on CPUs its measured rules "
+    "(a blocked sequential scan, or BP for large batches); over the memory limit a "
+    "lower-memory method that fits"
+)
 METHODS_HELP = (
-    "backward methods: bp (back-propagation), bppsa (bppsa.Auto(): Blelloch on accelerators), "
-    "blelloch, chunked, chunked-C, sequential-jacobians (default: bp bppsa)"
+    f"backward methods: bp (back-propagation), bppsa ({AUTO_HELP}), blelloch, chunked, "
+    "chunked-C, sequential-jacobians (default: bp bppsa)"
 )
 FORWARD_HELP = (
-    "forward pass of the BPPSA methods: sequential (lax.scan; default) or newton "
-    "(bppsa.Newton(): Newton iterations over the whole sequence, each a parallel scan); "
-    "bp always runs jax.grad through lax.scan, the reference the losses are compared with"
+    "forward pass of the BPPSA methods: sequential (the default: the library's own choice, "
+    "lax.scan on a CPU, the fused kernel where it runs on a GPU), newton (bppsa.Newton(): "
+    "Newton iterations over the whole sequence, each a parallel scan) or fused "
+    "(bppsa.Fused(): the loop in one kernel; interpreted, slowly, on a CPU); bp always runs "
+    "jax.grad through lax.scan, the reference the losses are compared with"
 )
+
+# The presets' flags, in the order --help lists them.
+PRESETS = ("smoke", "quick", "paper", "gpu")
+DEFAULT_PRESET = "quick"
 
 # ----------------------------------------------------------------------------- argument types
 
@@ -90,9 +110,18 @@ def method_name(forms: Sequence[str] = OVER_TIME):
 # ----------------------------------------------------------------------------- parsers
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose help shows the defaults (:class:`HelpFormatter`); its
+    subcommands' parsers are of this class too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def parser(module: str, doc: str) -> argparse.ArgumentParser:
     """The parser of ``python -m <module>``, described by the first paragraph of ``doc``."""
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
+    return Parser(prog=f"python -m {module}", description=doc.split("\n\n")[0])
 
 
 def add_commands(parser: argparse.ArgumentParser, commands: Sequence[str]):
@@ -102,11 +131,22 @@ def add_commands(parser: argparse.ArgumentParser, commands: Sequence[str]):
     return parser.add_subparsers(dest="command", required=True, metavar=metavar)
 
 
-def add_configuration(parser: argparse.ArgumentParser, paper: str) -> None:
-    """``--quick`` (the default) or ``--paper`` (help: ``paper``); see :func:`configuration`."""
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="small configuration (default)")
-    size.add_argument("--paper", action="store_true", help=paper)
+def add_presets(
+    parser: argparse.ArgumentParser, helps: Mapping[str, str], default: str = DEFAULT_PRESET
+) -> None:
+    """One flag per preset of ``helps`` (``{name of PRESETS: its help}``), at most one given;
+    ``args.preset`` is its name, ``default`` when none is (see :func:`configuration`)."""
+    unknown = sorted(set(helps) - set(PRESETS))
+    if unknown or default not in helps:
+        raise ValueError(f"presets {unknown or [default]}: expected names of {PRESETS}")
+    group = parser.add_mutually_exclusive_group()
+    for name in PRESETS:
+        if name in helps:
+            text = helps[name] + (" (the default)" if name == default else "")
+            group.add_argument(
+                f"--{name}", dest="preset", action="store_const", const=name, help=text
+            )
+    parser.set_defaults(preset=default)
 
 
 def add_results(
@@ -117,12 +157,21 @@ def add_results(
     parser.add_argument("--out", type=pathlib.Path, default=default, help="results root")
     if name:
         add_name(parser)
-    parser.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start the run folder afresh instead of resuming it (needed when it holds another "
+        "configuration's results)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
 def add_name(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", help="run folder under --out (default: <command>-<config>)")
+    parser.add_argument(
+        "--name",
+        help="run folder under --out (default: named after the command, the preset and each "
+        "size that differs from the preset's, e.g. train-quick-T300-B4)",
+    )
 
 
 def add_methods(
@@ -157,15 +206,19 @@ def add_training(parser: argparse.ArgumentParser, *, lr: str) -> None:
         default=SEQUENTIAL_FORWARD,
         help=FORWARD_HELP,
     )
-    parser.add_argument("--lr", type=positive_float, help=f"Adam learning rate (default {lr})")
+    parser.add_argument("--lr", type=positive_float, help=f"Adam learning rate (default: {lr})")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--iterations", type=positive_int, help="iterations per run")
-    length.add_argument("--epochs", type=positive_float, help="epochs per run")
+    length.add_argument(
+        "--iterations", type=positive_int, help="iterations per run (default: the preset's)"
+    )
+    length.add_argument(
+        "--epochs", type=positive_float, help="epochs per run (default: the preset's)"
+    )
 
 
 def add_checkpoint_every(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--checkpoint-every", type=positive_int, default=100, help="iterations (default 100)"
+        "--checkpoint-every", type=positive_int, default=100, help="iterations between checkpoints"
     )
 
 
@@ -192,13 +245,27 @@ def methods(args: argparse.Namespace) -> list[str]:
 
 
 def configuration(args: argparse.Namespace) -> str:
-    """``"paper"`` with ``--paper``, else ``"quick"``."""
-    return "paper" if args.paper else "quick"
+    """The name of the preset given (:func:`add_presets`)."""
+    return args.preset
 
 
-def run_folder(args: argparse.Namespace, config: str) -> pathlib.Path:
-    """``<--out>/<--name>``, by default ``<--out>/<command>-<config>``."""
-    return args.out / (args.name or f"{args.command}-{config}")
+def run_name(base: str, sizes: Mapping[str, tuple[Any, Any]] | None = None) -> str:
+    """The name of a run folder: ``base`` (``<command>-<preset>``), then ``-<label><value>``
+    for each size whose value differs from the preset's, in the order of ``sizes``
+    (``{label: (value, the preset's value)}``); e.g. ``train-quick-T300-B4``. The same
+    configuration gets the same folder (and resumes there); the sizes of a sweep's points
+    are not part of it (its points join the same log).
+    """
+    parts = [base]
+    for label, (value, preset) in (sizes or {}).items():
+        if value is not None and value != preset:
+            parts.append(f"{label}{value:g}" if isinstance(value, float) else f"{label}{value}")
+    return "-".join(parts)
+
+
+def run_folder(args: argparse.Namespace, name: str) -> pathlib.Path:
+    """``<--out>/<--name>``, by default ``<--out>/<name>`` (:func:`run_name`)."""
+    return args.out / (args.name or name)
 
 
 def progress(args: argparse.Namespace) -> bool | None:

@@ -115,8 +115,8 @@ def config_mismatch(path: os.PathLike | str, what: str, old: dict, new: dict) ->
     keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     diffs = ", ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in keys)
     return ResultsFolderError(
-        f"{path} holds a {what} with another configuration ({diffs}); choose another output "
-        "folder or name, or overwrite it."
+        f"{path} holds a {what} with another configuration ({diffs}); pass --overwrite to "
+        "start it afresh, or choose another folder with --out or --name."
     )
 
 

@@ -29,12 +29,30 @@ class Preset:
     batches: tuple[int, ...]
     benchmark_repeats: int
     retrain: Any  # _vgg_retrain.Config
+    analyze_size: int = 32  # analyze's image side
+    width_divisor: int = 1  # analyze's and benchmark's
 
 
 def presets() -> dict[str, Preset]:
     from experiments._vgg_retrain import Config
 
     return {
+        # Seconds: every command's structure at 8x8, widths / 16.
+        "smoke": Preset(
+            "smoke",
+            analyze_levels=(2, None),
+            jacobians_size=8,
+            jacobians_repeats=1,
+            benchmark_size=8,
+            sparsities=(0.9,),
+            batches=(1,),
+            benchmark_repeats=1,
+            retrain=Config(
+                input_size=8, width_divisor=16, batch=8, pretrain_iterations=5, iterations=5
+            ),
+            analyze_size=8,
+            width_divisor=16,
+        ),
         "quick": Preset(
             "quick",
             analyze_levels=(2, None),
@@ -96,17 +114,27 @@ def parser(doc: str) -> argparse.ArgumentParser:
     parser = _cli.parser("experiments.pruned_vgg11", doc)
     commands = _cli.add_commands(parser, COMMANDS)
     common = argparse.ArgumentParser(add_help=False)
-    _cli.add_configuration(common, paper="the paper's sizes (32x32)")
-    common.add_argument("--seed", type=_cli.non_negative_int, default=0, help="seed (default 0)")
+    _cli.add_presets(
+        common,
+        {
+            "smoke": "seconds: 8x8 images, widths / 16",
+            "quick": "minutes on a 2-core CPU: 16x16 (analyze 32x32)",
+            "paper": "the paper's sizes (32x32)",
+        },
+    )
+    common.add_argument("--seed", type=_cli.non_negative_int, default=0, help="seed")
     _cli.add_results(common, DEFAULT_OUT)
     net = argparse.ArgumentParser(add_help=False)
     net.add_argument(
         "--input-size",
         type=_input_size,
-        help="image side: 32 (VGG-11), or 16, 8, ... (the last max-poolings left out)",
+        help="image side: 32 (VGG-11), or 16, 8, ... (the last max-poolings left out; "
+        "default: the preset's)",
     )
     net.add_argument(
-        "--width-divisor", type=_width_divisor, help="divide every conv width by this (1)"
+        "--width-divisor",
+        type=_width_divisor,
+        help="divide every conv width by this (default: the preset's)",
     )
     net.add_argument(
         "--scope",
@@ -123,32 +151,51 @@ def parser(doc: str) -> argparse.ArgumentParser:
     a = commands.add_parser(
         "analyze", parents=[common, net, pruned], help="FLOPs of the scan's products (Fig. 10)"
     )
+    a.add_argument("--sparsity", type=_cli.fraction_or_zero, default=0.97, help="pruned fraction")
     a.add_argument(
-        "--sparsity", type=_cli.fraction_or_zero, default=0.97, help="pruned fraction (0.97)"
+        "--levels",
+        type=_levels,
+        nargs="+",
+        help="parallel levels of each scan (default: the preset's, 2 all)",
     )
-    a.add_argument("--levels", type=_levels, nargs="+", help="parallel levels of each scan (2 all)")
-    a.add_argument("--batch", type=_cli.positive_int, default=1, help="examples B (1)")
+    a.add_argument("--batch", type=_cli.positive_int, default=1, help="examples B")
 
     j = commands.add_parser(
         "jacobians", parents=[common], help="analytic vs autodiff Jacobians (Table 1)"
     )
-    j.add_argument("--input-size", type=_input_size, help="image side (quick 16, paper 32)")
-    j.add_argument("--repeats", type=_cli.positive_int, help="timed rounds (5)")
     j.add_argument(
-        "--layers", nargs="+", choices=_vgg_jacobians.LAYERS, help="default: conv relu maxpool"
+        "--input-size",
+        type=_input_size,
+        help="image side (default: the preset's: smoke 8, quick 16, paper 32)",
+    )
+    j.add_argument("--repeats", type=_cli.positive_int, help="timed rounds (default: 5)")
+    j.add_argument(
+        "--layers",
+        nargs="+",
+        choices=_vgg_jacobians.LAYERS,
+        help="the layers (default: conv relu maxpool)",
     )
     j.add_argument(
         "--dense-budget-mib",
         type=_cli.positive_int,
-        help="above this, the dense Jacobian is computed in blocks of rows (2048)",
+        help="above this, the dense Jacobian is computed in blocks of rows (default: 2048)",
     )
 
     b = commands.add_parser(
         "benchmark", parents=[common, net, pruned], help="measured backward and memory"
     )
-    b.add_argument("--sparsities", type=_cli.fraction_or_zero, nargs="+", help="pruned fractions")
-    b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes")
-    b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
+    b.add_argument(
+        "--sparsities",
+        type=_cli.fraction_or_zero,
+        nargs="+",
+        help="pruned fractions (default: the preset's)",
+    )
+    b.add_argument(
+        "--batches", type=_cli.positive_int, nargs="+", help="batch sizes (default: the preset's)"
+    )
+    b.add_argument(
+        "--repeats", type=_cli.positive_int, help="timed rounds per point (default: the preset's)"
+    )
     b.add_argument(
         "--memory-limit-mib",
         type=_cli.positive_int,
@@ -165,7 +212,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
             method_names.SEQUENTIAL_JACOBIANS,
         ],
         forms=OVER_LAYERS,
-        help="bp (dense JAX backward), bppsa (Auto), blelloch, blelloch-K (K parallel levels), "
+        help="bp (dense JAX backward), bppsa (bppsa.Auto(): over layers, the sequential sparse "
+        "chain or BP by the measured margin), blelloch, blelloch-K (K parallel levels), "
         "sequential-jacobians (the sparse chain); default: all of them with K = 2",
     )
 
@@ -180,13 +228,19 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "fixture (SYNTHETIC, written under --root; for tests)",
     )
     r.add_argument("--root", type=pathlib.Path, help="CIFAR-10 folder (or the fixture's)")
-    r.add_argument("--sparsity", type=_cli.fraction_or_zero, help="pruned fraction (0.97)")
-    r.add_argument("--batch", type=_cli.positive_int, help="batch size (16)")
-    r.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (1e-3)")
+    r.add_argument("--sparsity", type=_cli.fraction_or_zero, help="pruned fraction (default: 0.97)")
+    r.add_argument("--batch", type=_cli.positive_int, help="batch size B (default: 16)")
+    r.add_argument("--lr", type=_cli.positive_float, help="Adam learning rate (default: 1e-3)")
     r.add_argument(
-        "--pretrain-iterations", type=_cli.positive_int, help="dense iterations before pruning"
+        "--pretrain-iterations",
+        type=_cli.positive_int,
+        help="dense iterations before pruning (default: the preset's)",
     )
-    r.add_argument("--iterations", type=_cli.positive_int, help="re-training iterations")
+    r.add_argument(
+        "--iterations",
+        type=_cli.positive_int,
+        help="re-training iterations (default: the preset's)",
+    )
     _cli.add_methods(
         r,
         [method_names.BP, method_names.SEQUENTIAL_JACOBIANS, "blelloch-2"],

@@ -19,12 +19,13 @@ Methods (``--methods``): ``bp`` (``jax.grad`` through ``lax.scan``: the referenc
 ``<method>-newton`` for a BPPSA method whose forward pass runs ``bppsa.Newton()`` (e.g.
 ``bppsa-newton``).
 
-Configurations: ``--quick`` (the default; minutes on 2 CPU cores), ``--gpu`` (wide cells, long
-sequences, for one accelerator; ``--dry-run`` runs its structure at tiny sizes), ``--smoke``
-(seconds, on a SYNTHETIC corpus in the Shakespeare layout that it writes). Any option overrides
-the configuration's value. ``--fixture DIR`` only writes that synthetic corpus.
+Presets: ``--smoke`` (seconds, on a SYNTHETIC corpus in the Shakespeare layout that it writes),
+``--quick`` (the default; minutes on 2 CPU cores), ``--gpu`` (wide cells, long sequences, for
+one accelerator; ``--dry-run`` runs its structure at tiny sizes). Any option overrides the
+preset's value. ``--fixture DIR`` only writes that synthetic corpus.
 
-Results go to ``<out>/<name>/`` (default ``results/char_lm/<config>-<cell>/``): ``config.json``,
+Results go to ``<out>/<name>/`` (default ``results/char_lm/<preset>-<cell>/``, followed by the
+sizes that differ from the preset's, e.g. ``quick-diagonal-gru-H64-T128``): ``config.json``,
 per method ``<method>/metrics.jsonl`` and ``<method>/checkpoint.npz``, and ``summary.json``.
 Rerunning the same command resumes after the last finished iteration (checkpoints every
 ``--checkpoint-every`` iterations, and on Ctrl-C or SIGTERM). Draw the figure with
@@ -76,7 +77,7 @@ _OPTIONS = (
     ("--batch", _cli.positive_int, "B, windows per batch"),
     ("--lr", _cli.positive_float, "AdamW's peak learning rate"),
     ("--warmup", _cli.positive_int, "iterations of linear warm-up"),
-    ("--schedule-iterations", _cli.positive_int, "end of the cosine decay (default: the run's)"),
+    ("--schedule-iterations", _cli.positive_int, "cosine decay's end (default: the run's)"),
     ("--weight-decay", _cli.fraction_or_zero, "AdamW's weight decay"),
     ("--clip", _cli.positive_float, "global gradient norm clipped to"),
     ("--iterations", _cli.positive_int, "iterations per run"),
@@ -100,10 +101,14 @@ def _run_name(text: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _cli.parser("experiments.char_lm", __doc__)
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="minutes on a CPU (default)")
-    size.add_argument("--gpu", action="store_true", help="wide cells, long sequences (a GPU)")
-    size.add_argument("--smoke", action="store_true", help="seconds, on a synthetic corpus")
+    _cli.add_presets(
+        parser,
+        {
+            "smoke": "seconds, on a synthetic corpus; draws the figure",
+            "quick": "minutes on a CPU",
+            "gpu": "wide cells, long sequences (a GPU)",
+        },
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="the configuration's structure at tiny sizes"
     )
@@ -115,9 +120,10 @@ def _parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         help=f"folder or tar archive of text (default {runs.DEFAULT_DATA}, `make shakespeare`)",
     )
-    parser.add_argument("--cell", choices=CELLS, help="the cell (default diagonal-gru)")
+    parser.add_argument("--cell", choices=CELLS, help="the cell (default: diagonal-gru)")
     for flag, kind, text in _OPTIONS:
-        parser.add_argument(flag, type=kind, help=text)
+        default = "" if "default" in text else " (default: the preset's)"
+        parser.add_argument(flag, type=kind, help=text + default)
     parser.add_argument(
         "--methods",
         "--method",
@@ -125,22 +131,42 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         type=_run_name,
         metavar="NAME",
-        help="bp, bppsa, blelloch, chunked, ..., <method>-newton (default: the configuration's)",
+        help="bp, bppsa (bppsa.Auto()), blelloch, chunked, ..., <method>-newton (default: the "
+        "preset's)",
     )
-    parser.add_argument("--checkpoint-every", type=_cli.positive_int, help="iterations")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=_cli.positive_int,
+        help="iterations between checkpoints (default: the preset's)",
+    )
     _cli.add_results(parser, DEFAULT_OUT)
     return parser
 
 
 def _preset(args: argparse.Namespace) -> configs.Preset:
-    return configs.PRESETS["gpu" if args.gpu else "smoke" if args.smoke else "quick"]
+    return configs.PRESETS[_cli.configuration(args)]
+
+
+def _base(args: argparse.Namespace) -> Config:
+    """The preset's configuration (its structure at tiny sizes with ``--dry-run``)."""
+    base = _preset(args).config
+    return configs.dry_run(base) if args.dry_run else base
+
+
+def _folder_name(args: argparse.Namespace, config: Config) -> str:
+    """``<preset>[-dry-run]-<cell>``, then the sizes that differ from the preset's."""
+    base = _base(args)
+    sizes = {
+        label: (getattr(config, key), getattr(base, key))
+        for label, key in (("H", "width"), ("L", "layers"), ("T", "length"), ("B", "batch"))
+    }
+    label = _preset(args).name + ("-dry-run" if args.dry_run else "")
+    return _cli.run_name(f"{label}-{config.cell}", sizes)
 
 
 def _config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Config:
     """The preset's configuration with the options given; errors name the argument."""
-    base = _preset(args).config
-    if args.dry_run:
-        base = configs.dry_run(base)
+    base = _base(args)
     given = {
         flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_"))
         for flag, _, _ in _OPTIONS
@@ -181,10 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     preset = _preset(args)
     config = _config(parser, args)
     methods = list(dict.fromkeys(args.methods or preset.methods))
-    label = preset.name + ("-dry-run" if args.dry_run else "")
-    folder = args.out / (args.name or f"{label}-{config.cell}")
+    folder = _cli.run_folder(args, _folder_name(args, config))
     data = args.data
-    if data is None and args.smoke:
+    smoke = args.preset == "smoke"
+    if data is None and smoke:
         data = args.out / "fixture"
         if not (data / FIXTURE_TOP).exists():
             write_fixture(data)
@@ -220,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(parser, error)
     summary = runs.summarize(experiment, logs, folder)
     _print_summary(logs, summary)
-    if args.smoke:
+    if smoke:
         from paper_figures import char_lm as figure
 
         figure.main([str(folder)])

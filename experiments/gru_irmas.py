@@ -14,22 +14,26 @@ Commands:
     train      Fig. 13: trains BP and BPPSA in lockstep on the same batches for every variant
                at batch 16, logging loss and wall-clock per iteration and the training-set loss
                and accuracy at the end of every epoch;
-    fixture    writes a small SYNTHETIC dataset in the exact IRMAS layout (NOT IRMAS);
-    smoke      the whole pipeline on such a fixture: fixture, breakdown, train and both figures.
+    fixture    writes a small SYNTHETIC dataset in the exact IRMAS layout (NOT IRMAS).
 
-Configurations: ``--quick`` (the default: a few hundred iterations, for a CPU) and ``--paper``
-(the artifact's 400 epochs; for a GPU). Any option overrides the configuration's value.
-``train --forward newton`` runs the forward pass of BPPSA by Newton iterations
-(``bppsa.Newton()``); BP keeps ``lax.scan`` (the reference), and each run's log records the
+Presets: ``--smoke`` (minutes: without ``--data``, on a SYNTHETIC fixture that it writes under
+``<out>/fixture``, NOT IRMAS, and the command's figure drawn), ``--quick`` (the default: a few
+hundred iterations, for a CPU) and ``--paper`` (the artifact's 400 epochs; for a GPU). Any
+option overrides the preset's value. ``train --forward newton`` runs the forward pass of BPPSA
+by Newton iterations (``bppsa.Newton()``), ``--forward fused`` in one kernel
+(``bppsa.Fused()``); BP keeps ``lax.scan`` (the reference), and each run's log records the
 forward it ran.
 
-Results go to ``<out>/<name>/`` (default ``results/gru_irmas/<command>-<config>/``):
-``breakdown.jsonl``, or per variant ``<variant>-B<batch>/<method>/{metrics.jsonl,
-checkpoint.npz}``. Rerunning the same command resumes where it stopped. Draw the figures with
-``python -m paper_figures.fig9 <breakdown run>`` and ``python -m paper_figures.fig13 <train run>``.
+Results go to ``<out>/<name>/`` (default ``results/gru_irmas/<command>-<preset>/``, followed by
+the sizes that differ from the preset's, e.g. ``train-quick-H8``): ``breakdown.jsonl``, or per
+variant ``<variant>-B<batch>/<method>/{metrics.jsonl, checkpoint.npz}``. Rerunning the same
+command resumes where it stopped. Draw the figures with ``python -m paper_figures fig9 fig13``
+(or ``python -m paper_figures.fig9 <breakdown run>``, ``python -m paper_figures.fig13 <train
+run>``).
 
 Examples:
-    python -m experiments.gru_irmas smoke
+    python -m experiments.gru_irmas breakdown --smoke
+    python -m experiments.gru_irmas train --smoke
     python -m experiments.gru_irmas breakdown --data ~/data/IRMAS-TrainingData
     python -m experiments.gru_irmas train --data ~/data/IRMAS-TrainingData --paper
 """
@@ -56,7 +60,7 @@ DEFAULT_OUT = pathlib.Path("results/gru_irmas")
 DEFAULT_CACHE = DEFAULT_OUT / "features"
 FIXTURE_CLIPS = 6  # per class: 66 clips, enough for a batch of 64
 SYNTHETIC_NOTE = "SYNTHETIC fixture (tones in the IRMAS layout), NOT IRMAS"
-COMMANDS = ("breakdown", "train", "fixture", "smoke")
+COMMANDS = ("breakdown", "train", "fixture")
 
 
 def _variant(text: str) -> str:
@@ -72,10 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     out = argparse.ArgumentParser(add_help=False)
     _cli.add_results(out, DEFAULT_OUT, name=False)
     model = argparse.ArgumentParser(add_help=False)
-    model.add_argument("--hidden", type=_cli.positive_int, help="GRU hidden size (default 20)")
-    model.add_argument("--seed", type=_cli.non_negative_int, help="init and data-order seed (0)")
+    model.add_argument("--hidden", type=_cli.positive_int, help="GRU hidden size H (default: 20)")
     model.add_argument(
-        "--variants", nargs="+", type=_variant, metavar="V", help="MFCC variants (S M L)"
+        "--seed", type=_cli.non_negative_int, help="init and data-order seed (default: 0)"
+    )
+    model.add_argument(
+        "--variants", nargs="+", type=_variant, metavar="V", help="MFCC variants (default: S M L)"
     )
     model.add_argument("--workers", type=_cli.positive_int, default=1, help="feature processes")
     model.add_argument(
@@ -84,22 +90,38 @@ def _parser() -> argparse.ArgumentParser:
     model.add_argument("--no-cache", action="store_true", help="neither read nor write it")
     model.add_argument("--strict", action="store_true", help="fail on a bad clip (else skip)")
     common = argparse.ArgumentParser(add_help=False, parents=[out, model])
-    common.add_argument("--data", type=pathlib.Path, required=True, help="IRMAS training root")
-    _cli.add_configuration(common, paper="the artifact's sizes (for a GPU)")
+    common.add_argument(
+        "--data",
+        type=pathlib.Path,
+        help="IRMAS training root (required, but with --smoke: default a SYNTHETIC fixture "
+        "under --out)",
+    )
+    _cli.add_presets(
+        common,
+        {
+            "smoke": "minutes, on a SYNTHETIC fixture; draws the command's figure",
+            "quick": "a few hundred iterations, for a CPU",
+            "paper": "the artifact's sizes (for a GPU)",
+        },
+    )
     _cli.add_name(common)
 
     b = commands.add_parser("breakdown", parents=[common], help="runtime breakdown (Fig. 9)")
-    b.add_argument("--batches", type=_cli.positive_int, nargs="+", help="batch sizes (16 32 64)")
-    b.add_argument("--repeats", type=_cli.positive_int, help="timed rounds per point")
+    b.add_argument(
+        "--batches", type=_cli.positive_int, nargs="+", help="batch sizes (default: 16 32 64)"
+    )
+    b.add_argument(
+        "--repeats", type=_cli.positive_int, help="timed rounds per point (default: the preset's)"
+    )
     b.add_argument(
         "--method",
         type=_cli.method_name(),
         default=method_names.BPPSA,
-        help="the BPPSA method: bppsa (bppsa.Auto()), blelloch, chunked, chunked-C",
+        help=f"the BPPSA method: bppsa ({_cli.AUTO_HELP}), blelloch, chunked, chunked-C",
     )
 
     t = commands.add_parser("train", parents=[common], help="training curves (Fig. 13)")
-    t.add_argument("--batch", type=_cli.positive_int, help="batch size (default 16)")
+    t.add_argument("--batch", type=_cli.positive_int, help="batch size B (default: 16)")
     _cli.add_training(t, lr="3e-4")
     t.add_argument("--no-eval", action="store_true", help="no training-set evaluation")
     _cli.add_checkpoint_every(t)
@@ -107,13 +129,9 @@ def _parser() -> argparse.ArgumentParser:
     f = commands.add_parser("fixture", help="write a SYNTHETIC fixture in the IRMAS layout")
     f.add_argument("--out", type=pathlib.Path, required=True, help="the fixture's root folder")
     f.add_argument(
-        "--clips-per-class", type=_cli.positive_int, default=FIXTURE_CLIPS, help="default 6"
+        "--clips-per-class", type=_cli.positive_int, default=FIXTURE_CLIPS, help="clips per class"
     )
-    f.add_argument("--seed", type=_cli.non_negative_int, default=0, help="default 0")
-
-    commands.add_parser(
-        "smoke", parents=[out, model], help="fixture + breakdown + train + figures (minutes)"
-    )
+    f.add_argument("--seed", type=_cli.non_negative_int, default=0, help="the tones' seed")
     return parser
 
 
@@ -215,28 +233,53 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     progress = _cli.progress(args)
-    if args.command == "smoke":
-        return _smoke(args, progress)
-
     preset = PRESETS[_cli.configuration(args)]
-    folder = _cli.run_folder(args, preset.name)
+    base = f"{args.command}-{preset.name}"
+    data = _data(parser, args)
     variants = list(dict.fromkeys(args.variants or preset.variants))
     if args.command == "breakdown":
+        # the batches are the points', which join one log: only H names the folder
+        sizes = {"H": (args.hidden, preset.train.hidden)}
+        folder = _cli.run_folder(args, _cli.run_name(base, sizes))
         batches = list(dict.fromkeys(args.batches or preset.batches))
-        _check_data(parser, args.data, batches)
-        clips = _load(args, args.data, variants, args.seed or 0)
+        _check_data(parser, data, batches)
+        clips = _load(args, data, variants, args.seed or 0)
         _check_usable(parser, clips, batches)
         _run_breakdown(
             args, clips, batches, folder, args.repeats or preset.repeats, args.method, progress
         )
+        if args.preset == "smoke":
+            from paper_figures import fig9
+
+            fig9.main([str(folder)])
         return 0
     config = _config(args, preset.train)
-    _check_data(parser, args.data, [config.batch])
-    clips = _load(args, args.data, variants, config.seed)
+    sizes = {"B": (config.batch, preset.train.batch), "H": (config.hidden, preset.train.hidden)}
+    folder = _cli.run_folder(args, _cli.run_name(base, sizes))
+    _check_data(parser, data, [config.batch])
+    clips = _load(args, data, variants, config.seed)
     _check_usable(parser, clips, [config.batch])
     methods = _cli.methods(args)
     _run_train(args, clips, config, methods, folder, args.checkpoint_every, progress)
+    if args.preset == "smoke":
+        from paper_figures import fig13
+
+        fig13.main([str(folder)])
     return 0
+
+
+def _data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> pathlib.Path:
+    """``--data``; with ``--smoke`` and none, the SYNTHETIC fixture under ``<out>/fixture``
+    (written unless it is there, or afresh with ``--overwrite``)."""
+    if args.data is not None:
+        return args.data
+    if args.preset != "smoke":
+        parser.error("argument --data: required (or --smoke, on a SYNTHETIC fixture)")
+    root = args.out / "fixture"
+    print(f"smoke run on a {SYNTHETIC_NOTE}: {root}", flush=True)
+    if args.overwrite or not (root / irmas.SYNTHETIC_MARKER).exists():
+        irmas_fixture.write_fixture(root, FIXTURE_CLIPS, seed=0)
+    return root
 
 
 def _config(args: argparse.Namespace, base: Config) -> Config:
@@ -244,38 +287,6 @@ def _config(args: argparse.Namespace, base: Config) -> Config:
     return _cli.training_config(
         base, args, hidden=args.hidden, seed=args.seed, batch=args.batch, evaluate=evaluate
     )
-
-
-def _smoke(args, progress) -> int:
-    """Fixture, breakdown, training and both figures under ``<out>/smoke/``."""
-    from paper_figures import fig9, fig13
-
-    preset = PRESETS["smoke"]
-    folder = args.out / "smoke"
-    root = folder / "fixture"
-    print(f"smoke run on a {SYNTHETIC_NOTE}: {root}", flush=True)
-    if args.overwrite or not (root / irmas.SYNTHETIC_MARKER).exists():
-        irmas_fixture.write_fixture(root, FIXTURE_CLIPS, seed=0)
-    variants = list(dict.fromkeys(args.variants or preset.variants))
-    clips = _load(args, root, variants, args.seed or 0)
-    _run_breakdown(
-        args,
-        clips,
-        list(preset.batches),
-        folder / "breakdown",
-        preset.repeats,
-        method_names.BPPSA,
-        progress,
-    )
-    config = dataclasses.replace(
-        preset.train, hidden=args.hidden or 20, seed=args.seed or 0, evaluate=True
-    )
-    _run_train(
-        args, clips, config, [method_names.BP, method_names.BPPSA], folder / "train", 100, progress
-    )
-    fig9.main([str(folder / "breakdown"), "--out", str(folder / "figures")])
-    fig13.main([str(folder / "train"), "--out", str(folder / "figures")])
-    return 0
 
 
 if __name__ == "__main__":

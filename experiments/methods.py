@@ -3,15 +3,19 @@ where a name becomes a ``bppsa`` method object.
 
 ``bp`` is the baseline, plain back-propagation (``bppsa``'s ``"sequential"`` method: JAX
 differentiates ``lax.scan``); ``bppsa`` is the library's default choice (``bppsa.Auto()``: on
-accelerators the fastest of BP, Blelloch and Chunked by its cost model, on CPUs a time-blocked
-Jacobian-based sequential scan, or there plain back-propagation for large batches); the other
+accelerators the fastest of BP, Blelloch and Chunked by its cost model, and ``FusedSequential()``
+on a profile with a fused rate; on CPUs its measured rules: a time-blocked Jacobian-based
+sequential scan, or plain back-propagation for large batches; over the memory limit, a
+lower-memory method that fits); the other
 names pick a method explicitly.
 
 The forward pass of the scans is chosen apart from the method: ``"sequential"`` (the library's
 default forward, ``bppsa.AutoForward``: ``lax.scan`` on a CPU, the fused kernel where it runs
-on a GPU; a run's plan records which) or ``"newton"`` (``bppsa.Newton()``: Newton iterations
-on the whole trajectory, each a parallel scan). Only the BPPSA methods take it: ``bp`` is the
-reference, plain JAX through ``lax.scan``, whatever forward the others run (:func:`forward_of`).
+on a GPU; a run's plan records which), ``"newton"`` (``bppsa.Newton()``: Newton iterations
+on the whole trajectory, each a parallel scan) or ``"fused"`` (``bppsa.Fused()``: the loop in
+one kernel launch, wherever it runs the cell; interpreted on a CPU). Only the BPPSA methods
+take it: ``bp`` is the reference, plain JAX through ``lax.scan``, whatever forward the others
+run (:func:`forward_of`).
 
 :func:`bind` fixes a method, a forward and a memory limit inside a loss, for a gradient taken
 apart from ``bppsa.grad`` (the timing harness's ``jax.vjp`` and its pullback,
@@ -30,6 +34,7 @@ from paper_figures.result_files import methods as method_names
 
 __all__ = [
     "FORWARDS",
+    "FUSED_FORWARD",
     "NEWTON_FORWARD",
     "OVER_LAYERS",
     "OVER_TIME",
@@ -51,7 +56,8 @@ OVER_LAYERS = method_names.OVER_LAYERS
 # The names of the forward passes (``--forward``), the default first.
 SEQUENTIAL_FORWARD = "sequential"
 NEWTON_FORWARD = "newton"
-FORWARDS = (SEQUENTIAL_FORWARD, NEWTON_FORWARD)
+FUSED_FORWARD = "fused"
+FORWARDS = (SEQUENTIAL_FORWARD, NEWTON_FORWARD, FUSED_FORWARD)
 
 
 def parse_method(name: str, forms: Sequence[str] = OVER_TIME) -> bppsa.Method | bppsa.Policy:
@@ -92,7 +98,7 @@ def forward_of(name: str, forward: str, forms: Sequence[str] = OVER_TIME) -> str
     return SEQUENTIAL_FORWARD if is_baseline(name, forms) else forward
 
 
-def parse_forward(forward: str) -> bppsa.Newton | None:
+def parse_forward(forward: str) -> bppsa.Newton | bppsa.Fused | None:
     """The forward object of a name of :data:`FORWARDS` (``None``: the library's default
     forward, ``lax.scan`` on a CPU, the fused kernel where it runs on a GPU).
 
@@ -103,6 +109,8 @@ def parse_forward(forward: str) -> bppsa.Newton | None:
         return None
     if forward == NEWTON_FORWARD:
         return bppsa.Newton()
+    if forward == FUSED_FORWARD:
+        return bppsa.Fused()
     raise ValueError(f"forward {forward!r} is not known; expected one of {', '.join(FORWARDS)}.")
 
 

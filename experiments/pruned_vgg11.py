@@ -25,12 +25,15 @@ PyTorch's default initialization, whose bound ``1/sqrt(fan_in)`` is smallest for
 layers, removes the 512-wide convolutions entirely at 97% and disconnects the network
 (``--scope global`` runs it anyway, warns and records the empty layers).
 
-Configurations: ``--quick`` (the default: minutes on a 2-core CPU; the benchmark, Table 1 and
-re-training at 16x16, which leaves out VGG-11's last max-pooling, and re-training at half width)
-and ``--paper`` (everything at 32x32, full width). Any option overrides the configuration.
+Presets: ``--smoke`` (seconds: every command at 8x8, widths / 16), ``--quick`` (the default:
+minutes on a 2-core CPU; the benchmark, Table 1 and re-training at 16x16, which leaves out
+VGG-11's last max-pooling, and re-training at half width) and ``--paper`` (everything at 32x32,
+full width). Any option overrides the preset's value.
 
-Results go to ``<out>/<name>/`` (default ``results/pruned_vgg11/<command>-<config>/``); a rerun of
-the same command resumes (finished points are not redone). Draw the figures with
+Results go to ``<out>/<name>/`` (default ``results/pruned_vgg11/<command>-<preset>/``, followed by
+the sizes that differ from the preset's: ``S`` the image side, ``D`` the width divisor, ``B`` the
+batch, e.g. ``benchmark-quick-S8-D4``); a rerun of the same command resumes (finished points are
+not redone). Draw the figures with
 ``python -m paper_figures.fig10 <analyze run>``, ``python -m paper_figures.table1 <jacobians
 run>``; ``retrain`` prints the per-iteration agreement and writes ``retrain.json``.
 
@@ -44,6 +47,7 @@ Examples:
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -101,7 +105,7 @@ def _scope(args) -> str:
 
 
 def _analyze(parser, args, preset, folder, progress) -> int:
-    size, width, chain = _net(args, 32)
+    size, width, chain = _net(args, preset.analyze_size, preset.width_divisor)
     params, source = _params(parser, args, chain, size, width)
     args.scope = _scope(args)
     levels = list(dict.fromkeys(args.levels or preset.analyze_levels))
@@ -158,7 +162,7 @@ def _jacobians(parser, args, preset, folder, progress) -> int:
 
 
 def _benchmark(parser, args, preset, folder, progress) -> int:
-    size, width, chain = _net(args, preset.benchmark_size)
+    size, width, chain = _net(args, preset.benchmark_size, preset.width_divisor)
     params, source = _params(parser, args, chain, size, width)
     args.scope = _scope(args)
     sparsities = list(dict.fromkeys(args.sparsities or preset.sparsities))
@@ -274,11 +278,27 @@ COMMANDS = {
 }
 
 
+def _folder(args, preset: _vgg_cli.Preset) -> pathlib.Path:
+    """The run folder, named after the command, the preset and the sizes given that differ
+    from the preset's (:func:`experiments._cli.run_name`)."""
+    size, width, batch = (getattr(args, k, None) for k in ("input_size", "width_divisor", "batch"))
+    retrain, divisor = preset.retrain, preset.width_divisor
+    sizes = {
+        "analyze": dict(S=(size, preset.analyze_size), D=(width, divisor), B=(batch, 1)),
+        "jacobians": dict(S=(size, preset.jacobians_size)),
+        "benchmark": dict(S=(size, preset.benchmark_size), D=(width, divisor)),
+        "retrain": dict(
+            S=(size, retrain.input_size), D=(width, retrain.width_divisor), B=(batch, retrain.batch)
+        ),
+    }[args.command]
+    return _cli.run_folder(args, _cli.run_name(f"{args.command}-{preset.name}", sizes))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _vgg_cli.parser(__doc__)
     args = parser.parse_args(argv)
     preset = _vgg_cli.presets()[_cli.configuration(args)]
-    folder = _cli.run_folder(args, preset.name)
+    folder = _folder(args, preset)
     progress = not args.no_progress  # bars also when stderr is not a terminal
     try:
         return COMMANDS[args.command](parser, args, preset, folder, progress)

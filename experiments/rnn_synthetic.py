@@ -12,12 +12,14 @@ Commands:
             or ``both``; each point trains briefly with every method and records the median
             per-iteration times and the speedups.
 
-Configurations: ``--quick`` (the default; minutes on a 2-core CPU) and ``--paper`` (the paper's
-T, B and epochs; for a GPU). Any option overrides the configuration's value. ``--forward newton``
-runs the forward pass of the BPPSA methods by Newton iterations (``bppsa.Newton()``); BP keeps
+Presets: ``--smoke`` (seconds), ``--quick`` (the default; minutes on a 2-core CPU) and
+``--paper`` (the paper's T, B and epochs; for a GPU). Any option overrides the preset's value.
+``--forward newton`` runs the forward pass of the BPPSA methods by Newton iterations
+(``bppsa.Newton()``), ``--forward fused`` in one kernel (``bppsa.Fused()``); BP keeps
 ``lax.scan`` (the reference), and each run's log records the forward it ran.
 
-Results go to ``<out>/<name>/`` (default ``results/rnn_synthetic/<command>-<config>/``): each
+Results go to ``<out>/<name>/`` (default ``results/rnn_synthetic/<command>-<preset>/``, followed
+by the sizes that differ from the preset's, e.g. ``train-quick-T300-B4``): each
 run's ``metrics.jsonl`` and ``checkpoint.npz`` (``train``: one folder per method; ``sweep``:
 ``runs/T<T>-B<B>/<method>/``) and, for sweeps, ``sweep.jsonl``. Rerunning the same command
 resumes where it stopped. Draw the figures with ``python -m paper_figures.fig7`` and
@@ -64,8 +66,8 @@ class Config:
     Attributes:
         length, batch, hidden: sequence length T, batch size B and hidden size H.
         lr: Adam's learning rate.
-        forward: the forward pass of the BPPSA methods, ``"sequential"`` (``lax.scan``) or
-            ``"newton"`` (``bppsa.Newton()``); BP runs ``lax.scan`` in any case.
+        forward: the forward pass of the BPPSA methods, a name of
+            :data:`experiments.methods.FORWARDS`; BP runs ``lax.scan`` in any case.
         num_samples, train_fraction, seed: the data (see :class:`bppsa.data.Bitstreams`); the
             seed also initializes the parameters.
         iterations, epochs: run length; ``iterations`` wins when both are set.
@@ -114,6 +116,16 @@ class Preset:
 
 
 PRESETS = {
+    # Seconds: the structure of both commands at tiny sizes.
+    "smoke": Preset(
+        "smoke",
+        train=Config(length=20, batch=4, num_samples=200, iterations=10, epochs=None),
+        lengths=(10, 30),
+        batches=(2, 4),
+        sweep=Config(num_samples=200, iterations=4, epochs=None),
+        sweep_batch=4,
+        sweep_length=30,
+    ),
     "quick": Preset(
         "quick",
         train=Config(iterations=300, epochs=None, eval_samples=512),
@@ -338,27 +350,44 @@ def _parser() -> argparse.ArgumentParser:
     parser = _cli.parser("experiments.rnn_synthetic", __doc__)
     commands = _cli.add_commands(parser, COMMANDS)
     common = argparse.ArgumentParser(add_help=False)
-    _cli.add_configuration(common, paper="the paper's sizes (for a GPU)")
+    _cli.add_presets(
+        common,
+        {
+            "smoke": "seconds: tiny sizes, a few iterations",
+            "quick": "minutes on a 2-core CPU",
+            "paper": "the paper's sizes (for a GPU)",
+        },
+    )
     _cli.add_training(common, lr="1e-5")
-    common.add_argument("--hidden", type=_cli.positive_int, help="hidden size (default 20)")
-    common.add_argument("--samples", type=_cli.positive_int, help="dataset size (default 50000)")
-    common.add_argument("--train-fraction", type=_cli.fraction, help="train split (default 0.64)")
-    common.add_argument("--seed", type=_cli.non_negative_int, help="data and init seed (default 0)")
+    common.add_argument("--hidden", type=_cli.positive_int, help="hidden size H (default: 20)")
+    common.add_argument(
+        "--samples", type=_cli.positive_int, help="dataset size (default: the preset's, 50000)"
+    )
+    common.add_argument("--train-fraction", type=_cli.fraction, help="train split (default: 0.64)")
+    common.add_argument(
+        "--seed", type=_cli.non_negative_int, help="data and init seed (default: 0)"
+    )
     common.add_argument(
         "--forward-every",
         type=_cli.positive_int,
         help="time the forward and the backward, each its own program, every N iterations "
-        "(default 1)",
+        "(default: 1; 10 with --paper)",
     )
     _cli.add_results(common, DEFAULT_OUT)
 
     train_parser = commands.add_parser(
         "train", parents=[common], help="train with each method (Fig. 7)"
     )
-    train_parser.add_argument("--length", type=_cli.positive_int, help="sequence length T")
-    train_parser.add_argument("--batch", type=_cli.positive_int, help="batch size B")
     train_parser.add_argument(
-        "--eval-samples", type=_cli.non_negative_int, help="test samples per evaluation (0: none)"
+        "--length", type=_cli.positive_int, help="sequence length T (default: the preset's, 1000)"
+    )
+    train_parser.add_argument(
+        "--batch", type=_cli.positive_int, help="batch size B (default: the preset's, 16)"
+    )
+    train_parser.add_argument(
+        "--eval-samples",
+        type=_cli.non_negative_int,
+        help="test samples per evaluation, 0: none (default: the preset's)",
     )
     _cli.add_checkpoint_every(train_parser)
 
@@ -366,12 +395,20 @@ def _parser() -> argparse.ArgumentParser:
         "sweep", parents=[common], help="speed sweeps over T and B (Fig. 8)"
     )
     sweep_parser.add_argument(
-        "which", nargs="?", choices=("t", "b", "both"), default="both", help="default: both"
+        "which", nargs="?", choices=("t", "b", "both"), default="both", help="the sweeps to run"
     )
-    sweep_parser.add_argument("--lengths", type=_cli.positive_int, nargs="+", help="T sweep")
-    sweep_parser.add_argument("--batches", type=_cli.positive_int, nargs="+", help="B sweep")
-    sweep_parser.add_argument("--sweep-batch", type=_cli.positive_int, help="B of the T sweep")
-    sweep_parser.add_argument("--sweep-length", type=_cli.positive_int, help="T of the B sweep")
+    sweep_parser.add_argument(
+        "--lengths", type=_cli.positive_int, nargs="+", help="T sweep (default: the preset's)"
+    )
+    sweep_parser.add_argument(
+        "--batches", type=_cli.positive_int, nargs="+", help="B sweep (default: the preset's)"
+    )
+    sweep_parser.add_argument(
+        "--sweep-batch", type=_cli.positive_int, help="B of the T sweep (default: 16)"
+    )
+    sweep_parser.add_argument(
+        "--sweep-length", type=_cli.positive_int, help="T of the B sweep (default: 1000)"
+    )
     return parser
 
 
@@ -388,6 +425,15 @@ def _config(args: argparse.Namespace, base: Config) -> Config:
         batch=getattr(args, "batch", None),
         eval_samples=getattr(args, "eval_samples", None),
     )
+
+
+def _sizes(config: Config, preset: Config) -> dict[str, tuple[int, int]]:
+    """The sizes of a run folder's name (:func:`experiments._cli.run_name`): T, B and H."""
+    return {
+        "T": (config.length, preset.length),
+        "B": (config.batch, preset.batch),
+        "H": (config.hidden, preset.hidden),
+    }
 
 
 def _check(parser: argparse.ArgumentParser, config: Config, batches: Sequence[int]) -> None:
@@ -416,11 +462,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     preset = PRESETS[_cli.configuration(args)]
     progress = _cli.progress(args)
-    folder = _cli.run_folder(args, preset.name)
     methods = _cli.methods(args)
+    base = f"{args.command}-{preset.name}"
 
     if args.command == "train":
         config = _config(args, preset.train)
+        folder = _cli.run_folder(args, _cli.run_name(base, _sizes(config, preset.train)))
         _check(parser, config, [config.batch])
         print(f"training {', '.join(methods)}: {config} -> {folder}", flush=True)
         runs = train(
@@ -441,6 +488,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         length=args.sweep_length or preset.sweep_length,
         batch=args.sweep_batch or preset.sweep_batch,
     )
+    # T and B are the points', which join one log: only H names the folder
+    folder = _cli.run_folder(args, _cli.run_name(base, {"H": (config.hidden, preset.sweep.hidden)}))
     points = sweep_points(
         args.which,
         args.lengths or preset.lengths,

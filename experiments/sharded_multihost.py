@@ -24,18 +24,28 @@ import argparse
 import os
 import pathlib
 
+from experiments._help import HelpFormatter
+
 
 def parse(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.sharded_multihost",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--coordinator", required=True, help="host:port of process 0")
     parser.add_argument("--processes", type=int, required=True, help="number of processes")
     parser.add_argument("--process-id", type=int, required=True, help="this process, 0-based")
-    parser.add_argument("--length", type=int, default=1000, help="T (1000)")
-    parser.add_argument("--batch", type=int, default=4, help="B (4)")
-    parser.add_argument("--hidden", type=int, default=20, help="H (20)")
-    parser.add_argument("--out", type=pathlib.Path, help="where process 0 writes the gradients")
-    parser.add_argument("--timeout", type=int, default=60, help="seconds to wait for peers (60)")
-    parser.add_argument("--cpu-collectives", default="gloo", help="CPU collectives (gloo)")
+    parser.add_argument("--length", type=int, default=1000, help="sequence length T")
+    parser.add_argument("--batch", type=int, default=4, help="batch size B")
+    parser.add_argument("--hidden", type=int, default=20, help="hidden size H")
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        help="where process 0 writes the gradients (default: nowhere, none written)",
+    )
+    parser.add_argument("--timeout", type=int, default=60, help="seconds to wait for peers")
+    parser.add_argument("--cpu-collectives", default="gloo", help="CPU collectives")
     args = parser.parse_args(argv)
     if args.processes < 1 or not 0 <= args.process_id < args.processes:
         parser.error("--process-id must be in [0, --processes)")

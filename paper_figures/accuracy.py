@@ -144,8 +144,19 @@ def table(payload: dict, lengths: Iterable[int] | None = None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
     parser = _cli.parser("paper_figures.accuracy", __doc__)
-    parser.add_argument("results", type=pathlib.Path, nargs="?", default=DEFAULT_RESULTS)
-    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output folder")
+    parser.add_argument(
+        "results",
+        type=pathlib.Path,
+        nargs="?",
+        default=DEFAULT_RESULTS,
+        help=f"the JSON of benchmarks.accuracy (default {DEFAULT_RESULTS})",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=DEFAULT_OUT,
+        help=f"output folder (default {DEFAULT_OUT})",
+    )
     args = parser.parse_args(argv)
     payload = _cli.load(parser, "results", load, args.results)
     with plt.rc_context({"savefig.dpi": DPI}):  # a small file for the repository

@@ -393,7 +393,12 @@ def main(argv: Sequence[str] | None = None) -> list[pathlib.Path]:
         default=[DEFAULT_RESULTS],
         help=f"result folders or files (default {DEFAULT_RESULTS})",
     )
-    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT, help="output folder")
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=DEFAULT_OUT,
+        help=f"output folder (default {DEFAULT_OUT})",
+    )
     args = parser.parse_args(argv)
     sources = _cli.load(parser, "results", load, args.results)
     for source in sources:

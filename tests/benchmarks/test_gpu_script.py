@@ -252,7 +252,7 @@ def test_the_real_language_model_row_is_the_gpu_configuration_at_width_1024():
     words = text.split("lm_args=(", 1)[1].split(")", 1)[0].split()
     args = char_lm._parser().parse_args(words)
     config = char_lm._config(char_lm._parser(), args)
-    assert args.gpu and not args.dry_run
+    assert args.preset == "gpu" and not args.dry_run
     assert (config.cell, config.width, config.layers) == ("diagonal-gru", 1024, 2)
     assert (config.length, config.batch, config.iterations) == (2048, 8, 8)
     assert "--methods bp bppsa bppsa-newton" in text

@@ -1,7 +1,8 @@
 """``--forward newton`` of the training commands: the BPPSA runs solve their forward pass by
 Newton iterations (``bppsa.Newton()``) while BP keeps ``lax.scan``, the per-iteration losses
 still agree with BP's, each run's log records the forward it ran, and result files written
-before the option (no ``forward`` in their configuration) still resume.
+before the option (no ``forward`` in their configuration) still resume. ``--forward fused``
+runs ``bppsa.Fused()`` the same way.
 
 Tolerance: that of tests/experiments/test_training.py (relative 1e-5, at lr 1e-3). The Newton
 forward is certified to 64 float32 epsilons per step and falls back to ``lax.scan`` where it
@@ -59,7 +60,7 @@ def test_rnn_train_with_the_newton_forward_agrees_with_bp(tmp_path, capsys):
     assert code == 0
     assert f"over {ITERATIONS} iterations" in capsys.readouterr().out
     _assert_newton_only_in_bppsa(plans)
-    folder = tmp_path / "train-quick"
+    folder = tmp_path / "train-quick-T20-B4"
     (bp_config, bp), (bppsa_config, losses) = _run(folder, "bp"), _run(folder, "bppsa")
     assert bppsa_config["forward"] == "newton"
     assert bp_config["forward"] == "sequential"  # the reference stays lax.scan
@@ -68,6 +69,22 @@ def test_rnn_train_with_the_newton_forward_agrees_with_bp(tmp_path, capsys):
     params, reference = _checkpoint(folder, "bppsa"), _checkpoint(folder, "bp")
     for leaf, ref in zip(params, reference, strict=True):
         np.testing.assert_allclose(leaf, ref, rtol=RTOL, atol=RTOL * np.abs(ref).max())
+
+
+def test_rnn_train_with_the_fused_forward_agrees_with_bp(tmp_path):
+    """``--forward fused``: the BPPSA runs' scans run ``bppsa.Fused()`` (its kernel
+    interpreted on a CPU), BP's ``lax.scan``; the losses agree as with Newton's."""
+    argv = ["train", "--smoke", *TINY_RNN, "--iterations", 3, "--eval-samples", 0]
+    with bppsa.trace_plans() as plans:
+        assert _main(rnn_synthetic, *argv, "--forward", "fused", "--out", tmp_path) == 0
+    assert any(isinstance(p.forward, bppsa.Fused) for p in plans)
+    assert not any(
+        isinstance(p.forward, bppsa.Fused) for p in plans if p.requested == bppsa.Sequential()
+    )
+    folder = tmp_path / "train-smoke"  # T = 20 and B = 4 are the smoke preset's: no sizes
+    (bp_config, bp), (bppsa_config, losses) = _run(folder, "bp"), _run(folder, "bppsa")
+    assert (bppsa_config["forward"], bp_config["forward"]) == ("fused", "sequential")
+    np.testing.assert_allclose(losses, bp, rtol=RTOL)
 
 
 def test_rnn_sweep_records_the_forward(tmp_path):
@@ -121,7 +138,7 @@ def test_help_says_that_bp_keeps_lax_scan(capsys):
     with pytest.raises(SystemExit):
         _main(rnn_synthetic, "train", "--help")
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "--forward {sequential,newton}" in help_text
+    assert "--forward {sequential,newton,fused}" in help_text
     assert "bp always runs jax.grad through lax.scan" in help_text
 
 
@@ -130,7 +147,7 @@ def test_a_run_from_before_the_option_resumes_and_refuses_another_forward(tmp_pa
     ``lax.scan``: it resumes with the default and is refused, naming the key, with newton."""
     argv = ["train", *TINY_RNN, "--eval-samples", 0, "--method", "bppsa", "--out", tmp_path]
     assert _main(rnn_synthetic, *argv, "--iterations", 2) == 0
-    log = tmp_path / "train-quick" / "bppsa" / "metrics.jsonl"
+    log = tmp_path / "train-quick-T20-B4" / "bppsa" / "metrics.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     del rows[0]["config"]["forward"]
     log.write_text("".join(json.dumps(row) + "\n" for row in rows))

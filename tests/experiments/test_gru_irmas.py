@@ -33,7 +33,7 @@ def run(*argv):
 
 
 def test_help_of_every_command(capsys):
-    for command in ([], ["breakdown"], ["train"], ["fixture"], ["smoke"]):
+    for command in ([], ["breakdown"], ["train"], ["fixture"]):
         with pytest.raises(SystemExit) as info:
             run(*command, "--help")
         assert info.value.code == 0
@@ -128,7 +128,7 @@ def test_breakdown_resumes_and_draws(root, cache, tmp_path, capsys):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["sweep", "point", "sweep"]
     with pytest.raises(SystemExit):  # another configuration in the same folder
-        run(*argv[:-1], "--hidden", 8, "--no-progress")
+        run(*argv[:-1], "--seed", 1, "--no-progress")
     paths = fig9.main([str(log.parent), "--out", str(tmp_path / "figures")])
     assert [p.name for p in paths] == ["fig9.png", "fig9.pdf"]
     assert all(p.stat().st_size > 0 for p in paths)
@@ -156,3 +156,15 @@ def test_train_resumes_without_duplicates_and_draws(root, cache, tmp_path):
     np.testing.assert_allclose(losses["bppsa"], losses["bp"], rtol=1e-5)
     paths = fig13.main([str(tmp_path / "t"), "--out", str(tmp_path / "figures")])
     assert [p.name for p in paths] == ["fig13.png", "fig13.pdf"]
+
+
+def test_smoke_writes_the_fixture_and_draws_the_figure(tmp_path, capsys):
+    """``breakdown --smoke`` without ``--data``: the SYNTHETIC fixture under ``--out``, the
+    breakdown in ``breakdown-smoke`` and Fig. 9 beside it (one point, one round, to be quick)."""
+    argv = ["breakdown", "--smoke", "--variants", "S", "--batches", 4, "--repeats", 1]
+    run(*argv, "--out", tmp_path, "--cache-dir", tmp_path / "cache", "--no-progress")
+    assert (tmp_path / "fixture" / irmas.SYNTHETIC_MARKER).exists()
+    folder = tmp_path / "breakdown-smoke"
+    assert (folder / "breakdown.jsonl").exists()
+    assert (folder / "figures" / "fig9.png").stat().st_size > 0
+    assert "SYNTHETIC" in capsys.readouterr().out

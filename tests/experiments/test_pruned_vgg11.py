@@ -156,7 +156,7 @@ def _independent_bp_flops(chain, input_size: int) -> int:
 def test_analyze_writes_consistent_totals_resumes_and_draws(tmp_path, capsys):
     argv = ["analyze", *TINY, "--levels", "0", "2", "all", "--out", tmp_path]
     assert run(*argv) == 0
-    folder = tmp_path / "analyze-quick"
+    folder = tmp_path / "analyze-quick-S8-D8"
     result = json.loads((folder / "analyze.json").read_text())
     chain = _vgg_model.vgg11_chain(8, 8)
     assert len(result["layers"]) == len(chain) == 21
@@ -191,7 +191,7 @@ def test_analyze_writes_consistent_totals_resumes_and_draws(tmp_path, capsys):
 def test_jacobians_blocked_and_whole_agree_with_jacrev_and_resume(tmp_path):
     argv = ["jacobians", "--input-size", "4", "--repeats", "2", "--dense-budget-mib", "1"]
     assert run(*argv, "--out", tmp_path, "--no-progress") == 0
-    log = tmp_path / "jacobians-quick" / "jacobians.jsonl"
+    log = tmp_path / "jacobians-quick-S4" / "jacobians.jsonl"
     rows = points(log)
     assert [r["point"]["layer"] for r in rows] == ["conv", "relu", "maxpool"]
     for row in rows:
@@ -206,7 +206,7 @@ def test_jacobians_blocked_and_whole_agree_with_jacrev_and_resume(tmp_path):
     assert len(points(log)) == 3  # resumed
     whole = _vgg_jacobians.measure("relu", 4, 0, repeats=1)
     assert whole["dense_how"] == "jax.jacrev (whole)" and whole["check"]["same"]
-    paths = table1.main([str(tmp_path / "jacobians-quick")])
+    paths = table1.main([str(tmp_path / "jacobians-quick-S4")])
     assert [p.name for p in paths] == ["table1.md", "table1.png", "table1.pdf"]
     text = paths[0].read_text()
     assert text.count("| yes |") == 3 and "blocks of rows" in text
@@ -234,7 +234,7 @@ def test_benchmark_measures_skips_over_the_limit_and_resumes(tmp_path, capsys):
         tmp_path,
     ]
     assert run(*argv) == 0
-    folder = tmp_path / "benchmark-quick"
+    folder = tmp_path / "benchmark-quick-S8-D8"
     (row,) = points(folder / "benchmark.jsonl")
     assert row["point"] == {"sparsity": 0.9, "batch": 2}
     methods = row["methods"]
@@ -289,7 +289,7 @@ def test_retrain_on_the_fixture_gives_the_same_losses_with_bp_and_bppsa(tmp_path
         tmp_path,
     ]
     assert run(*argv) == 0
-    folder = tmp_path / "retrain-quick"
+    folder = tmp_path / "retrain-quick-S8-D8-B4"
     summary = json.loads((folder / "retrain.json").read_text())
     assert summary["data"]["synthetic"] and summary["data"]["name"] == "cifar10"
     assert set(summary["final"]) == {"bp", "sequential-jacobians", "blelloch-2"}
@@ -306,7 +306,7 @@ def test_retrain_on_the_fixture_gives_the_same_losses_with_bp_and_bppsa(tmp_path
     assert sum(r.get("kind") == "step" for r in steps) == 5
     # analyze accepts the pretrained checkpoint, pruned globally by default
     assert run("analyze", *TINY, "--checkpoint", folder / "pretrained.npz", "--out", tmp_path) == 0
-    result = json.loads((tmp_path / "analyze-quick" / "analyze.json").read_text())
+    result = json.loads((tmp_path / "analyze-quick-S8-D8" / "analyze.json").read_text())
     assert result["config"]["scope"] == "global" and result["config"]["checkpoint"]
     checkpoint = folder / "pretrained.npz"
     for size, width, message in (

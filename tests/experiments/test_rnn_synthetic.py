@@ -69,7 +69,7 @@ def test_tiny_train_and_sweep_write_results_that_the_figures_draw(tmp_path, caps
     )
     out = capsys.readouterr().out
     assert "max |loss_bppsa - loss_bp| / |loss_bp| over 4 iterations" in out
-    run = tmp_path / "train-quick"
+    run = tmp_path / "train-quick-T8-B4"  # named after the sizes given
     assert sorted(p.name for p in run.iterdir()) == ["bp", "bppsa"]
 
     sweep = [
