@@ -38,6 +38,11 @@ class Forward(abc.ABC):
             where ``carries_before[t]`` is the carry that entered step ``t``.
         """
 
+    def forms_jacobians(self, problem: Problem) -> bool:
+        """Whether this forward forms the Jacobians of ``problem``'s steps (Newton's
+        iterations do; ``lax.scan`` does not)."""
+        return False
+
     def shares_jacobians(self, problem: Problem) -> bool:
         """Whether :meth:`with_jacobians` hands the backward the Jacobians of ``problem``'s
         steps (a forward that formed them at its final trajectory), so that it does not form

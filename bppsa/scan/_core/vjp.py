@@ -66,6 +66,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
     forward = decision.forward
 
     def keep_primal(consts, init, xs):  # also returns the carry that entered every step
+        setup.warn_unused_cell(forward.forms_jacobians(problem))
         with setup.library():
             if decision.shares_jacobians:  # and the steps' Jacobians there, for the backward
                 carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
@@ -74,6 +75,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
         return carry, ys, before
 
     def primal(consts, init, xs):
+        setup.warn_unused_cell(forward.forms_jacobians(problem))
         with setup.library():
             return forward(problem, consts, init, xs, keep=False)
 
@@ -120,12 +122,19 @@ class _Setup:
     def check_finite(self) -> bool:
         return self.decision.check_finite
 
+    def warn_unused_cell(self, builds: bool = True) -> None:
+        """Where the Jacobians are built (``builds``): the body's warning if a cell it calls
+        does not give them (:meth:`bppsa.scan._core.body.Body.warn_unused_cell`)."""
+        if builds and self.problem.differentiable_carry:
+            self.problem.body.warn_unused_cell()
+
     def tangents(self, res, lin, jacobians=False):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
         recurrence, solved in time order by the method's linear scan (float leaves only);
         with ``jacobians``, where the forward shares its Jacobians, also their tangent
         ``djac_t`` (the JVP of their builder along the tangent trajectory: what makes outer
         derivatives through them exact)."""
+        self.warn_unused_cell()
         with self.library():
             return self._tangents(res, lin, jacobians)
 
@@ -162,6 +171,7 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)`` (and
         of the shared Jacobians; ``None`` where none arrives): the method's backward."""
+        self.warn_unused_cell()
         with self.library():
             return self._backward(self.problem, self.fitted, res, cts)
 
@@ -172,6 +182,7 @@ class _Setup:
         arrays, so that the cotangents of the shared consts come out of one product over steps
         and examples. It needs consts shared by the batch (their values and tangents), and it
         leaves the finiteness check (which reports per example) to the one-by-one path."""
+        self.warn_unused_cell()
         with self.library():
             return self._batched_cotangents(res, res_axes, cts, lin_axes)
 
