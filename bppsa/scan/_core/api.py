@@ -15,7 +15,7 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import plans, vjp
+from bppsa.scan._core import debug, plans, vjp
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.decision import decide
 from bppsa.scan._core.forward import Forward
@@ -86,9 +86,12 @@ def scan(
         check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
             or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest
             step whose Jacobian is not finite and the latest step where a non-finite cotangent
-            arises (see :mod:`bppsa.scan._core.debug`). ``None``: the setting of the enclosing
-            :func:`bppsa.grad`, else False. Without it, non-finite values propagate as in
-            ``jax.grad``.
+            arises, and a scan that is only run (no derivative taken) raises it when its
+            forward pass is not finite, naming the earliest step that returns a NaN or
+            infinity (see :mod:`bppsa.scan._core.debug`; under the user's ``jax.jit``, JAX
+            raises its ``JaxRuntimeError``, whose message ends with this one). ``None``: the
+            setting of the enclosing :func:`bppsa.grad`, else False. Without it, non-finite
+            values propagate as in ``jax.grad``.
         batch: examples this scan serves at once (what ``Auto()`` and the memory guard weigh);
             ``None``: read from the ``jax.vmap`` traces the scan is traced under.
         forward: how the forward pass runs: ``"sequential"`` (``lax.scan``),
@@ -173,7 +176,8 @@ def scan(
     run = vjp.differentiable(decision, problem, plan)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
-    carry, ys = run(problem.body.consts, init, xs)
+    with debug.readable_errors():
+        carry, ys = run(problem.body.consts, init, xs)
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys

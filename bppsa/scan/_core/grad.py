@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from bppsa.scan._core import tracing
+from bppsa.scan._core import debug, tracing
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method, Policy
 from bppsa.scan._core.options import Options, ambient
@@ -98,7 +98,7 @@ def value_and_grad(
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
-        with ambient(options):
+        with ambient(options), debug.readable_errors():
             return inner(*args, **kwargs)
 
     return wrapped

@@ -47,7 +47,7 @@ def differentiable(decision: Decision, problem: Problem, plan: ScanPlan | None =
     if decision.plain:
 
         def run(consts, init, xs):  # JAX differentiates the lax.scan itself
-            return decision.forward(problem, consts, init, xs, keep=False)
+            return _checked_forward(decision, problem, consts, init, xs)
 
         return run
     return jacobian_scan(decision, problem, plan)
@@ -74,10 +74,10 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
             carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
-    def primal(consts, init, xs):
+    def primal(consts, init, xs):  # a scan that is only run (a derivative takes evaluate)
         setup.warn_unused_cell(forward.forms_jacobians(problem))
         with setup.library():
-            return forward(problem, consts, init, xs, keep=False)
+            return _checked_forward(decision, problem, consts, init, xs)
 
     def evaluate(consts, init, xs):
         out = run_keep(consts, init, xs)
@@ -277,6 +277,16 @@ class _Setup:
         if extra is not None:
             ct_consts, ct_xs = _add(ct_consts, extra[0]), _add(ct_xs, extra[2])
         return floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
+
+
+def _checked_forward(decision: Decision, problem: Problem, consts, init, xs):
+    """The forward's ``(carry, ys)``; with ``check_finite``, its steps are checked too (see
+    :func:`bppsa.scan._core.debug.check_forward`)."""
+    if not decision.check_finite:
+        return decision.forward(problem, consts, init, xs, keep=False)
+    carry, (ys, before) = decision.forward(problem, consts, init, xs, keep=True)
+    debug.check_forward(init, before, carry, ys, problem.reverse)
+    return carry, ys
 
 
 def _jacobians_of(all_steps):
