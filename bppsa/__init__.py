@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from bppsa import jacobians, models
 
-if TYPE_CHECKING:  # bppsa.scan is a callable module: the function, with the subpackage's names
+if TYPE_CHECKING:  # bppsa.scan is the function, with the names of the subpackage bppsa.scan
     from bppsa.scan import _ScanModule
 
     scan: _ScanModule
 else:
-    from bppsa import scan
+    from bppsa.scan import function as scan
 from bppsa.jacobians import AnalyticJacobianWarning
 from bppsa.scan._core.api import estimate_memory
 from bppsa.scan._core.auto_forward import AutoForward

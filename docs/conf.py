@@ -3,9 +3,7 @@ pages of docs/*.md (MyST markdown: guide, measurements, experiments, design), th
 reference generated from the docstrings (Google style) of what each package's ``__all__``
 exports. Built by ``make docs`` and by tests/test_docs.py, with warnings as errors."""
 
-import inspect
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # bppsa from this checkout
@@ -59,6 +57,10 @@ def _skip_member(app, what, name, obj, skip, options):
         and _exported_above(page.removeprefix(API_PAGES), name, obj)
     ):
         return True
+    # The function bppsa.scan has the name of the module bppsa.scan, which its page documents
+    # (with the function, :no-index:): as a member of bppsa it would be a second object so named.
+    if what == "module" and f"{page.removeprefix(API_PAGES)}.{name}" in sys.modules:
+        return True
     # A NamedTuple's fields ("Alias for field number i"): the class's "Attributes:" section
     # describes them.
     if what == "class" and (getattr(obj, "__doc__", None) or "").startswith("Alias for field"):
@@ -66,14 +68,5 @@ def _skip_member(app, what, name, obj, skip, options):
     return None
 
 
-def _callable_module_docstring(app, what, name, obj, options, lines):
-    """``bppsa.scan`` is a module that can be called: as a function, it is documented with the
-    docstring of its ``__call__`` (the module's own docstring is that of the subpackage)."""
-    if what == "function" and isinstance(obj, types.ModuleType):
-        lines[:] = [*inspect.cleandoc(type(obj).__call__.__doc__).splitlines(), ""]
-
-
 def setup(app):
     app.connect("autodoc-skip-member", _skip_member)
-    # Before napoleon's handler (priority 500) turns the Google-style sections into fields.
-    app.connect("autodoc-process-docstring", _callable_module_docstring, priority=400)

@@ -52,6 +52,12 @@ def test_carry_changing_shape():
     assert isinstance(err, TypeError)
     assert "carry input and carry output must have equal types" in str(err)
     assert "float32[3]" in str(err) and "float32[6]" in str(err)
+    # The carry is named as the user's argument init and the carry the body f returns.
+    assert (
+        "The input carry init has type float32[3] but the corresponding component of the carry "
+        "f returns has type float32[6]"
+    ) in str(err)
+    assert "carry carry" not in str(err)
 
 
 def test_carry_changing_dtype(x64):
@@ -63,6 +69,24 @@ def test_carry_changing_dtype(x64):
 def test_carry_changing_structure():
     err = call_and_grad(lambda h, x: ((h, h), h))
     assert isinstance(err, TypeError) and "same pytree structure" in str(err)
+    assert "The input carry init is a" in str(err)
+
+
+def test_a_component_of_the_carry_is_named_by_its_path_in_init():
+    err = call_and_grad(lambda c, x: ((c[0] + x, (c[0] + x).astype(jnp.int32)), c[0]), (H0, H0))
+    assert (
+        "The input carry component init[1] has type float32[3] but the corresponding component "
+        "of the carry f returns has type int32[3]"
+    ) in str(err)
+
+
+@pytest.mark.parametrize(
+    "unroll, error", [(-1, ValueError), (1.5, TypeError), ("2", TypeError), (None, TypeError)]
+)
+def test_a_bad_unroll(unroll, error):
+    err = call_and_grad(body, unroll=unroll)
+    assert isinstance(err, error)
+    assert "unroll must be an int >= 0 or a bool, as in jax.lax.scan" in str(err)
 
 
 def test_body_not_returning_a_pair():

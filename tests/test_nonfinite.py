@@ -191,3 +191,65 @@ def test_check_finite_must_be_a_bool():
         bppsa.grad(lambda x: x, check_finite="yes")
     with pytest.raises(TypeError, match="check_finite must be a bool"):
         bppsa.scan(lambda h, x: (h, x), 0.0, jnp.ones(3), check_finite=1)
+
+
+# check_finite on a scan that is only run: the forward pass is checked.
+
+
+def nan_at(step):
+    return jnp.linspace(-1.0, 1.0, T).at[step].set(jnp.nan)
+
+
+def tanh_body(h, x):
+    return jnp.tanh(0.5 * h + x), h
+
+
+@pytest.mark.parametrize("method", ["auto", "sequential", "blelloch"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_forward_only_scan_names_the_step_that_returns_a_nan(method, reverse):
+    with pytest.raises(FloatingPointError) as info:
+        bppsa.scan(tanh_body, 0.1, nan_at(5), reverse=reverse, method=method, check_finite=True)
+    assert str(info.value).startswith("bppsa.scan (check_finite=True): non-finite values in the")
+    assert "forward pass: the earliest non-finite value is returned by time step xs[5]: the " in (
+        str(info.value)
+    )
+    # Without the check, the NaN is returned silently, as lax.scan returns it.
+    _, ys = bppsa.scan(tanh_body, 0.1, nan_at(5), reverse=reverse, method=method)
+    expected = jax.lax.scan(tanh_body, 0.1, nan_at(5), reverse=reverse)[1]
+    assert_same_nonfinite(ys, expected)
+
+
+def test_a_forward_only_scan_names_an_output_and_the_initial_carry():
+    def body(h, x):
+        return jnp.tanh(h + x), jnp.log(x)  # the output alone: log of a negative x
+
+    xs = jnp.linspace(1.0, 2.0, T).at[3].set(-1.0)
+    with pytest.raises(FloatingPointError, match=r"time step xs\[3\]: its output y, from a"):
+        bppsa.scan(body, 0.0, xs, check_finite=True)
+    with pytest.raises(FloatingPointError, match="the initial carry init is not finite"):
+        bppsa.scan(body, jnp.inf, jnp.ones(T), check_finite=True)
+
+
+def test_a_jitted_forward_only_scan_raises_and_a_finite_one_is_unchanged():
+    run = jax.jit(lambda xs: bppsa.scan(tanh_body, 0.1, xs, check_finite=True))
+    # A program the user compiled raises JAX's runtime error, which ends with the check's.
+    with pytest.raises(Exception, match=r"forward pass: the earliest .* time step xs\[7\]"):
+        jax.block_until_ready(run(nan_at(7)))
+    xs = jnp.linspace(-1.0, 1.0, T)
+    for a, b in zip(
+        jax.tree.leaves(run(xs)),
+        jax.tree.leaves(jax.jit(jax.lax.scan, static_argnums=0)(tanh_body, 0.1, xs)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_check_s_error_in_a_compiled_program_reaches_bppsa_grad_s_caller_first():
+    def loss(w):
+        return bppsa.scan(lambda h, x: (jnp.tanh(w * h + x), h), 0.1, nan_at(4))[0]
+
+    with pytest.raises(FloatingPointError) as info:
+        bppsa.grad(jax.jit(loss), check_finite=True)(0.5)  # jax.grad runs a compiled backward
+    assert str(info.value).startswith("bppsa.scan (check_finite=True): non-finite values")
+    assert "Jacobian is that of time step xs[4]" in str(info.value)
+    assert isinstance(info.value.__cause__, jax.errors.JaxRuntimeError)

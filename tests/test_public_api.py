@@ -5,6 +5,7 @@ libraries."""
 import doctest
 import importlib
 import inspect
+import pydoc
 import subprocess
 import sys
 
@@ -31,7 +32,18 @@ def test_scan_is_the_function_and_the_subpackage():
     assert s.Dense is Dense
     assert_trees_close(s(body, jnp.zeros(3), XS), jax.lax.scan(body, jnp.zeros(3), XS), "float32")
     assert "method" in inspect.signature(bppsa.scan).parameters
-    assert "drop-in for ``jax.lax.scan``" in bppsa.scan.__doc__
+    assert "exactly like ``jax.lax.scan``" in bppsa.scan.__doc__
+    module = sys.modules["bppsa.scan"]  # the subpackage, callable too
+    assert "drop-in for ``jax.lax.scan``" in module.__doc__ and module.Dense is Dense
+    assert_trees_close(module(body, jnp.zeros(3), XS), s(body, jnp.zeros(3), XS), "float32")
+
+
+def test_help_on_bppsa_scan_is_the_function_s_page():
+    page = pydoc.render_doc(bppsa.scan, renderer=pydoc.plaintext)
+    assert page.startswith("Python Library Documentation: function scan")
+    assert len(page) < 20_000  # the function's docstring, not the subpackage's every class
+    assert "\n    Args:\n        f: ``f(carry, x) -> (carry, y)``" in page
+    assert "unroll: 'int | bool' = 1" in page  # the signature, through the wrapper
 
 
 @pytest.mark.parametrize("module", ["bppsa", "bppsa.scan", "bppsa.models", "bppsa.jacobians"])

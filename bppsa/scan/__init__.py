@@ -1,7 +1,7 @@
 """``bppsa.scan``: the function, and the subpackage of scan algorithms behind it.
 
-``bppsa.scan(f, init, xs, ...)`` is the drop-in for ``jax.lax.scan`` (the module is callable;
-its signature and docstring are those of :func:`bppsa.scan._core.api.scan`). The subpackage holds
+``bppsa.scan(f, init, xs, ...)`` is the drop-in for ``jax.lax.scan`` (its signature and
+docstring are those of :func:`bppsa.scan._core.api.scan`). The subpackage holds
 what the scans are written against, which knows elements and an operator and nothing about
 recurrent cells:
 
@@ -20,9 +20,12 @@ recurrent cells:
   chooses by, and :func:`resolve` for names.
 
 So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
-and ``s(f, init, xs)`` scans.
+and ``s(f, init, xs)`` scans: the attribute ``bppsa.scan`` of the package is the function,
+which carries the names of ``__all__`` (:data:`function`), so that ``help(bppsa.scan)`` shows the
+function; this module (``sys.modules["bppsa.scan"]``) can be called as well.
 """
 
+import functools as _functools
 import inspect as _inspect
 import sys as _sys
 import types as _types
@@ -147,3 +150,13 @@ class _ScanModule(_types.ModuleType):
 
 __signature__ = _inspect.signature(_scan)
 _sys.modules[__name__].__class__ = _ScanModule
+
+
+@_functools.wraps(_scan)
+def function(*args, **kwargs):
+    return _scan(*args, **kwargs)
+
+
+# What ``bppsa.scan`` is: the function, with this subpackage's names as attributes (so that
+# ``help`` and ``pydoc`` document the function, which they never do for a module).
+function.__dict__.update({name: globals()[name] for name in __all__}, __all__=__all__)

@@ -67,7 +67,41 @@ def test_a_cell_whose_parameters_depend_on_the_carry_warns():
         return rnn_cell(params, h, x), None
 
     with pytest.warns(bppsa.AnalyticJacobianWarning, match="parameters or input depend on"):
-        bppsa.scan(body, jnp.ones(4), XS)
+        jax.grad(lambda h0: bppsa.scan(body, h0, XS, method="blelloch")[0].sum())(jnp.ones(4))
+
+
+def _unusable(h, x):
+    return 2.0 * rnn_cell(PARAMS, h, x), h  # not the whole carry map
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda: bppsa.scan(_unusable, jnp.ones(4), XS, method="blelloch"),  # forward only
+        lambda: jax.jit(lambda h0: bppsa.scan(_unusable, h0, XS)[0])(jnp.ones(4)),
+        lambda: jax.grad(  # plain back-propagation builds no Jacobian
+            lambda h0: bppsa.scan(_unusable, h0, XS, method="sequential")[0].sum()
+        )(jnp.ones(4)),
+    ],
+    ids=["forward", "jitted forward", "sequential backward"],
+)
+def test_a_cell_that_cannot_be_used_warns_only_where_jacobians_are_built(run):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bppsa.AnalyticJacobianWarning)
+        run()
+
+
+def test_a_carry_of_the_wrong_type_raises_before_any_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bppsa.AnalyticJacobianWarning)
+        with pytest.raises(TypeError, match="input carry init has type int32"):
+            jax.grad(lambda w: bppsa.scan(_unusable, jnp.ones(4, jnp.int32), w * XS)[0].sum())(1.0)
+
+
+def test_the_warning_points_at_the_line_that_takes_the_gradient():
+    with pytest.warns(bppsa.AnalyticJacobianWarning) as record:
+        jax.grad(lambda h0: bppsa.scan(_unusable, h0, XS, method="blelloch")[0].sum())(jnp.ones(4))
+    assert [warning.filename for warning in record] == [__file__]
 
 
 def test_a_matched_cell_does_not_warn():

@@ -15,7 +15,7 @@ from typing import TypeVar
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import plans, vjp
+from bppsa.scan._core import debug, plans, vjp
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.decision import decide
 from bppsa.scan._core.forward import Forward
@@ -37,6 +37,7 @@ def scan(
     xs: X | None = None,
     length: int | None = None,
     reverse: bool = False,
+    unroll: int | bool = 1,
     *,
     method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
@@ -65,8 +66,17 @@ def scan(
         xs: pytree of arrays scanned along their leading axis, or ``None`` (then give ``length``).
         length: number of steps; must agree with ``xs``.
         reverse: scan from the end of ``xs`` to its start, as in ``lax.scan``.
-        method: backward method, e.g. ``bppsa.Blelloch()`` or ``"sequential"``. ``None`` uses
-            the method of the enclosing :func:`bppsa.grad`, else ``bppsa.Auto()``.
+        unroll: steps per iteration of the sequential forward's loop, as in ``lax.scan`` (an
+            int >= 0 or a bool; ``0`` or ``True`` unrolls every step). Plain
+            back-propagation (``method="sequential"`` with the sequential forward) is JAX's
+            derivative of that ``lax.scan``, so its backward loop is unrolled alike; a
+            parallel method's backward, and the Newton, fused and pipelined forwards, do not
+            run that loop, and there it changes nothing.
+        method: backward method, e.g. ``bppsa.Blelloch()`` or a name: ``"auto"``,
+            ``"blelloch"``, ``"blocked"``, ``"chunked"``, ``"fused-sequential"``,
+            ``"sequential"`` (plain back-propagation), ``"sequential-scan"``, ``"sharded"``
+            (``_`` or ``-`` alike). ``None`` uses the method of the enclosing
+            :func:`bppsa.grad`, else ``bppsa.Auto()``.
         memory_limit: bytes the backward pass of this scan may use (``None``: the limit of the
             enclosing :func:`bppsa.grad`, else the default device's available memory;
             ``math.inf``: no check). When the backward is traced, the method's memory is
@@ -77,15 +87,22 @@ def scan(
         check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
             or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest
             step whose Jacobian is not finite and the latest step where a non-finite cotangent
-            arises (see :mod:`bppsa.scan._core.debug`). ``None``: the setting of the enclosing
-            :func:`bppsa.grad`, else False. Without it, non-finite values propagate as in
-            ``jax.grad``.
+            arises, and a scan that is only run (no derivative taken) raises it when its
+            forward pass is not finite, naming the earliest step that returns a NaN or
+            infinity (see :mod:`bppsa.scan._core.debug`; under the user's ``jax.jit``, JAX
+            raises its ``JaxRuntimeError``, whose message ends with this one). ``None``: the
+            setting of the enclosing :func:`bppsa.grad`, else False. Without it, non-finite
+            values propagate as in ``jax.grad``.
         batch: examples this scan serves at once (what ``Auto()`` and the memory guard weigh);
             ``None``: read from the ``jax.vmap`` traces the scan is traced under.
         forward: how the forward pass runs: ``"sequential"`` (``lax.scan``),
             ``bppsa.Newton(...)`` / ``"newton"`` (Newton iterations on the whole trajectory,
             each a parallel scan, certified to the residual tolerance; see
-            :class:`bppsa.Newton`) or ``"auto"``. ``None``: that of the enclosing
+            :class:`bppsa.Newton`), ``bppsa.Fused(...)`` / ``"fused"`` (the loop in one GPU
+            kernel launch, the carry on chip; see :class:`bppsa.Fused`),
+            ``bppsa.Pipelined(mesh)`` / ``"pipelined"`` (``lax.scan`` device after device,
+            for a ``bppsa.Sharded`` backward; see :class:`bppsa.Pipelined`) or ``"auto"``.
+            Names take ``_`` or ``-`` alike. ``None``: that of the enclosing
             :func:`bppsa.grad`, else ``"auto"``: ``lax.scan`` on CPUs, on accelerators Newton
             bounded at the cost model's break-even iteration count where it can pay (see
             :class:`bppsa.AutoForward`; :func:`bppsa.trace_plans` records the choice and why).
@@ -161,6 +178,7 @@ def scan(
         length,
         reverse=reverse,
         batch=batch,
+        unroll=unroll,
         check_structure=options.check_structure,
     )
     decision = decide(problem, options)
@@ -178,7 +196,8 @@ def scan(
     run = vjp.differentiable(decision, problem, plan)
     if reverse:
         xs = jax.tree.map(lambda x: jnp.flip(x, axis=0), xs)
-    carry, ys = run(problem.body.consts, init, xs)
+    with debug.readable_errors():
+        carry, ys = run(problem.body.consts, init, xs)
     if reverse:
         ys = jax.tree.map(lambda y: jnp.flip(y, axis=0), ys)
     return carry, ys

@@ -49,6 +49,25 @@ def check_arguments(init, xs, length) -> int | None:
     return steps
 
 
+def check_unroll(unroll) -> int | bool:
+    """``unroll`` as ``jax.lax.scan`` accepts it: a bool, or an int >= 0 (``0`` or ``True``:
+    every step unrolled)."""
+    if isinstance(unroll, bool | np.bool_):
+        return bool(unroll)
+    try:
+        steps = operator.index(unroll)
+    except TypeError:
+        raise TypeError(
+            "bppsa.scan: unroll must be an int >= 0 or a bool, as in jax.lax.scan; got "
+            f"{type(unroll).__name__}: {unroll!r:.80}."
+        ) from None
+    if steps < 0:
+        raise ValueError(
+            f"bppsa.scan: unroll must be an int >= 0 or a bool, as in jax.lax.scan; got {steps}."
+        )
+    return steps
+
+
 def complex_leaves(init) -> list:
     """The leaves of ``init`` with complex dtypes (the parallel methods need real carries)."""
     return [
@@ -57,15 +76,30 @@ def complex_leaves(init) -> list:
 
 
 def check_like_lax_scan(f, init, xs, length, reverse):
-    """Runs ``lax.scan``'s own checks (shape-only), so errors read exactly like its errors."""
+    """Runs ``lax.scan``'s own checks (shape-only), so errors read exactly like its errors,
+    which name the carry by the body's first parameter: here ``init``, the user's argument."""
+
+    def body(init, x):
+        return f(init, x)
+
     try:
         return jax.eval_shape(
-            lambda i, x: lax.scan(f, i, x, length=length, reverse=reverse), init, xs
+            lambda i, x: lax.scan(body, i, x, length=length, reverse=reverse), init, xs
         )
     except (TypeError, ValueError) as err:
         if type(err) not in (TypeError, ValueError):
             raise
-        raise type(err)(f"bppsa.scan: {err}") from None
+        raise type(err)(f"bppsa.scan: {_name_the_returned_carry(str(err))}") from None
+
+
+def _name_the_returned_carry(message: str) -> str:
+    """``lax.scan``'s message, with the carry the body returns named as the user's ``f``'s."""
+    for theirs in (
+        "the corresponding output carry component",
+        "the corresponding component of the carry output",
+    ):
+        message = message.replace(theirs, "the corresponding component of the carry f returns")
+    return message
 
 
 def promote_weak_types(init, carry_out):

@@ -9,12 +9,15 @@ steps, the VJP, shape checks) evaluates the traced program, not the Python funct
 The Jacobians are analytic when the body's carry map is exactly one recorded cell call whose
 other inputs (parameters, input) do not depend on the carry and whose shared Jacobian parts
 (e.g. ``W_hh^T``) depend on neither the carry nor ``x``; otherwise they come from autodiff, and
-if the body did call such a cell, an :class:`AnalyticJacobianWarning` says why it was not used.
+if the body did call such a cell, an :class:`AnalyticJacobianWarning` says why it was not used,
+where the Jacobians are built (:meth:`Body.warn_unused_cell`): not for a scan that is only run,
+or back-propagated through ``lax.scan``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -69,15 +72,40 @@ class Body:
         """The body's own output ``f(carry, x)`` (for ``lax.scan``'s checks and the forward)."""
         return self.converted(carry, x, *self.consts)[0]
 
+    def warn_unused_cell(self) -> None:
+        """Warns with :class:`AnalyticJacobianWarning` why the Jacobians of a cell the body
+        calls are not used, if they are not: called where the scan builds its Jacobians."""
+        if self.reason is None:
+            return
+        warnings.warn(
+            f"bppsa.scan: analytic Jacobians not used ({self.reason}); the scan builds its "
+            "Jacobians by autodiff instead (exact, but dense and slower).",
+            AnalyticJacobianWarning,
+            stacklevel=_outside_the_libraries(),
+        )
 
-def trace_body(f: Callable, init: Any, x: Any, *, warn: bool = True) -> Body:
+
+def _outside_the_libraries() -> int:
+    """The ``stacklevel`` of the innermost caller outside bppsa and JAX (the user's line that
+    traces the derivative), so that the warning points there."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
+        "bppsa",
+        "jax",
+        "contextlib",
+        "functools",
+    ):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
+
+
+def trace_body(f: Callable, init: Any, x: Any) -> Body:
     """Traces ``f(init, x)`` once; ``init`` and ``x`` (one step's input) may be shapes.
 
     Args:
         f: the scan body.
         init: the carry.
         x: one step's input (``xs`` without its leading axis, or ``None``).
-        warn: warn with :class:`AnalyticJacobianWarning` when a recorded cell is not used.
     """
     recorded: list[str] = []
     matched: list[bool] = []
@@ -104,13 +132,6 @@ def trace_body(f: Callable, init: Any, x: Any, *, warn: bool = True) -> Body:
     elif matched[0]:
         reason = _dependence_problem(converted, consts, init, x)
     jacobians = ANALYTIC if matched[0] and reason is None else AUTODIFF
-    if reason is not None and warn:
-        warnings.warn(
-            f"bppsa.scan: analytic Jacobians not used ({reason}); the scan builds its Jacobians "
-            "by autodiff instead (exact, but dense and slower).",
-            AnalyticJacobianWarning,
-            stacklevel=4,
-        )
     return Body(converted, consts, jacobians, reason)
 
 
@@ -159,8 +180,8 @@ def has_analytic_jacobian(f: Callable, init: Any, x: Any) -> bool:
     Traces ``f`` once while recording cell calls. A call qualifies if it maps exactly the float
     carry leaves to the float carry leaves (object identity), if its other inputs (parameters,
     input) do not depend on the carry, and if the shared parts of its Jacobian depend on neither
-    the carry nor ``x`` (they are built once, not per step). Unlike :func:`bppsa.scan`, it does
-    not warn when a cell call is not used.
+    the carry nor ``x`` (they are built once, not per step). It does not warn when a cell call
+    is not used.
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -172,4 +193,4 @@ def has_analytic_jacobian(f: Callable, init: Any, x: Any) -> bool:
         ...                       jnp.zeros(1))
         False
     """
-    return trace_body(f, init, x, warn=False).analytic
+    return trace_body(f, init, x).analytic

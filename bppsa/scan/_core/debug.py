@@ -1,4 +1,4 @@
-"""An optional check of the backward pass: which time step makes the gradient non-finite.
+"""An optional check of a scan: which time step makes its values or its gradient non-finite.
 
 With ``check_finite=True`` (on :func:`bppsa.scan`, :func:`bppsa.grad` or
 :func:`bppsa.value_and_grad`) the backward pass of a scan also records, per step, whether its
@@ -13,14 +13,25 @@ carry holds a NaN or an infinity, and raises ``FloatingPointError`` naming, as i
   the carry cotangent itself): cotangents travel backward, so that is where back-propagation
   first meets it; or the final carry's cotangent, if the value comes from after the scan.
 
+A scan that is only run (no derivative taken) checks its forward pass instead: the EARLIEST
+step that returns a non-finite carry or output ``y`` from a finite carry (or the initial carry
+itself), where the NaN or infinity arises.
+
 The check runs on the device (a ``jax.debug.callback`` with a few scalars). Outside ``jax.jit``
-the ``FloatingPointError`` reaches the caller; under ``jax.jit`` JAX re-raises it as its runtime
-error, with the same message inside.
+the ``FloatingPointError`` reaches the caller, also where the check ran inside a compiled
+program that :func:`bppsa.grad`, :func:`bppsa.value_and_grad` or :func:`bppsa.scan` called
+(:func:`readable_errors` takes it out of JAX's runtime error, its message first). A program
+compiled by the user's ``jax.jit`` raises JAX's ``JaxRuntimeError`` ("INTERNAL: CpuCallback
+error ..."), whose message ends with the check's: JAX 0.10 surfaces an error of a host callback
+no other way (``checkify`` needs the program functionalized by ``checkify.checkify``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +41,8 @@ from bppsa.scan._elements import MapStack
 
 # Per-step flags (bits).
 JACOBIAN, OUTPUT, CARRY = 1, 2, 4
+# How every message of the check begins (and how it is found in JAX's runtime error).
+PREFIX = "bppsa.scan (check_finite=True): "
 
 
 def _nonfinite(x: Array) -> Array:
@@ -108,7 +121,69 @@ def _raise(final_bad, any_jac, earliest_jac, any_cot, latest_cot, cot_flag, *, s
         )
     if found:
         raise FloatingPointError(
-            "bppsa.scan (check_finite=True): non-finite values in the backward pass: "
-            + "; ".join(found)
-            + "."
+            PREFIX + "non-finite values in the backward pass: " + "; ".join(found) + "."
         )
+
+
+def check_forward(init: Any, before: Any, carry: Any, ys: Any, reverse: bool) -> None:
+    """Raises (on the device, through a callback) if the forward pass of a scan is not finite,
+    naming the earliest step that returns a non-finite carry or output from a finite carry.
+
+    Args:
+        init: the initial carry.
+        before: the carries that entered the steps, stacked ``(T, ...)`` (time order).
+        carry: the final carry.
+        ys: the steps' outputs, stacked ``(T, ...)``.
+        reverse: whether the scan runs from the end of ``xs`` (then ``xs`` was flipped).
+    """
+    steps = max([0, *(leaf.shape[0] for leaf in jax.tree.leaves((before, ys)))])
+    after = jax.tree.map(lambda b, c: jnp.concatenate([b[1:], c[None]]), before, carry)
+    bad_carry, bad_out = (_nonfinite_steps(tree, steps) for tree in (after, ys))
+    bad = bad_carry | bad_out
+    earliest = jnp.argmax(bad) if steps else jnp.int32(0)
+    flag = jnp.where(bad_carry, CARRY, 0) | jnp.where(bad_out, OUTPUT, 0)
+    raise_ = functools.partial(_raise_forward, steps=steps, reverse=reverse)
+    init_bad = _nonfinite_steps(jax.tree.map(lambda a: a[None], init), 1)[0]
+    jax.debug.callback(raise_, init_bad, bad.any(), earliest, flag[earliest] if steps else 0)
+
+
+def _nonfinite_steps(stacked: Any, steps: int) -> Array:
+    """``(steps,)``: whether any float leaf of ``stacked`` is non-finite at each step."""
+    bad = jnp.zeros(steps, bool)
+    for leaf in jax.tree.leaves(stacked):
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            bad = bad | _nonfinite(leaf)
+    return bad
+
+
+def _raise_forward(init_bad, any_bad, earliest, flag, *, steps, reverse):
+    if bool(init_bad):
+        found = "the initial carry init is not finite"
+    elif bool(any_bad):
+        index = steps - 1 - int(earliest) if reverse else int(earliest)
+        what = {CARRY: "the carry it returns", OUTPUT: "its output y"}.get(
+            int(flag), "the carry it returns and its output y"
+        )
+        found = (
+            f"the earliest non-finite value is returned by time step xs[{index}]: {what}, from "
+            "a finite carry (a NaN or infinity arises there: from that step's input, the "
+            "parameters, or an overflow)"
+        )
+    else:
+        return
+    raise FloatingPointError(PREFIX + "non-finite values in the forward pass: " + found + ".")
+
+
+@contextlib.contextmanager
+def readable_errors() -> Iterator[None]:
+    """Within the block, the check's error raised inside a compiled program reaches the caller
+    as the ``FloatingPointError`` it is (JAX's runtime error, which ends with its message and
+    traceback, becomes its ``__cause__``)."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as err:
+        text = str(err)
+        at = text.rfind(PREFIX)
+        if at < 0:
+            raise
+        raise FloatingPointError(text[at:].strip()) from err

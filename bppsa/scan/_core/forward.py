@@ -38,6 +38,11 @@ class Forward(abc.ABC):
             where ``carries_before[t]`` is the carry that entered step ``t``.
         """
 
+    def forms_jacobians(self, problem: Problem) -> bool:
+        """Whether this forward forms the Jacobians of ``problem``'s steps (Newton's
+        iterations do; ``lax.scan`` does not)."""
+        return False
+
     def shares_jacobians(self, problem: Problem) -> bool:
         """Whether :meth:`with_jacobians` hands the backward the Jacobians of ``problem``'s
         steps (a forward that formed them at its final trajectory), so that it does not form
@@ -54,23 +59,28 @@ class Forward(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class SequentialForward(Forward):
-    """``lax.scan``: ``T`` dependent steps."""
+    """``lax.scan``: ``T`` dependent steps, ``problem.unroll`` of them per loop iteration."""
 
     name: ClassVar[str] = "sequential"
     sequential: ClassVar[bool] = True
 
     def __call__(self, problem, consts, init, xs, *, keep):
-        return run_sequentially(problem.body.step, consts, init, xs, problem.length, keep)
+        return run_sequentially(
+            problem.body.step, consts, init, xs, problem.length, keep, unroll=problem.unroll
+        )
 
     def __repr__(self) -> str:
         return "'sequential'"
 
 
-def run_sequentially(step: Callable, consts, init, xs, length: int, keep: bool):
-    """``lax.scan`` of ``step(carry, x, *consts) -> (carry, y, ...)`` (see :class:`Forward`)."""
+def run_sequentially(
+    step: Callable, consts, init, xs, length: int, keep: bool, *, unroll: int | bool = 1
+):
+    """``lax.scan`` of ``step(carry, x, *consts) -> (carry, y, ...)`` (see :class:`Forward`),
+    ``unroll`` as in ``jax.lax.scan``."""
 
     def body(carry, x):
         new_carry, y, *_ = step(carry, x, *consts)
         return new_carry, ((y, carry) if keep else y)
 
-    return lax.scan(body, init, xs, length=length)
+    return lax.scan(body, init, xs, length=length, unroll=unroll)

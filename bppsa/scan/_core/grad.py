@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from bppsa.scan._core import tracing
+from bppsa.scan._core import debug, tracing
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method, Policy
 from bppsa.scan._core.options import Options, ambient
@@ -19,6 +19,8 @@ def value_and_grad(
     fun: Callable,
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
     *,
     method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
@@ -33,20 +35,25 @@ def value_and_grad(
     Args:
         fun: function to differentiate; its ``bppsa.scan`` calls that do not name their own
             method back-propagate with ``method``.
-        argnums, has_aux: as in ``jax.value_and_grad``.
-        method: backward method object or name (``"auto"``, ``"blelloch"``, ``"chunked"``,
-            ``"sequential"``); ``"sequential"`` is plain back-propagation, the reference;
-            ``"auto"`` picks per scan (see :class:`bppsa.Auto`). ``None``: that of an
-            enclosing ``bppsa.grad``, else ``"auto"``.
+        argnums, has_aux, holomorphic, allow_int: as in ``jax.value_and_grad`` (with
+            ``allow_int``, integer arguments get ``float0`` gradients; with ``holomorphic``,
+            ``fun`` is complex and holomorphic in complex arguments).
+        method: backward method object or name (``"auto"``, ``"blelloch"``, ``"blocked"``,
+            ``"chunked"``, ``"fused-sequential"``, ``"sequential"``, ``"sequential-scan"``,
+            ``"sharded"``; ``_`` or ``-`` alike); ``"sequential"`` is plain
+            back-propagation, the reference; ``"auto"`` picks per scan (see
+            :class:`bppsa.Auto`). ``None``: that of an enclosing ``bppsa.grad``, else
+            ``"auto"``.
         memory_limit: bytes the backward pass of each scan inside may use (``None``: that of
             an enclosing ``bppsa.grad``, else the default device's available memory); see
             :func:`bppsa.scan`.
         check_finite: raise ``FloatingPointError`` naming the first time step whose Jacobian
             or cotangent is not finite (``None``: that of an enclosing ``bppsa.grad``, else
             False); see :func:`bppsa.scan`.
-        forward: the forward pass of each scan inside (``"sequential"``, ``"newton"``,
-            ``bppsa.Newton(...)`` or ``"auto"``; ``None``: that of an enclosing ``bppsa.grad``,
-            else ``"auto"``, the forward's policy); see :func:`bppsa.scan`.
+        forward: the forward pass of each scan inside (``"sequential"``, ``"newton"`` or
+            ``bppsa.Newton(...)``, ``"fused"`` or ``bppsa.Fused(...)``, ``"pipelined"`` or
+            ``bppsa.Pipelined(mesh)``, or ``"auto"``; ``None``: that of an enclosing
+            ``bppsa.grad``, else ``"auto"``, the forward's policy); see :func:`bppsa.scan`.
         precision: of the matrix products ``bppsa`` forms in each scan's derivatives
             (``"highest"``, ``"high"``, ``"default"``, a ``jax.lax.Precision`` or
             ``jax.lax.DotAlgorithmPreset``; ``None``: that of an enclosing ``bppsa.grad``, else
@@ -97,11 +104,13 @@ def value_and_grad(
             "the function before jitting it and jit the result: "
             "jax.jit(bppsa.grad(fun, ...))."
         )
-    inner = jax.value_and_grad(fun, argnums=argnums, has_aux=has_aux)
+    inner = jax.value_and_grad(
+        fun, argnums=argnums, has_aux=has_aux, holomorphic=holomorphic, allow_int=allow_int
+    )
 
     @functools.wraps(fun)
     def wrapped(*args, **kwargs):
-        with ambient(options):
+        with ambient(options), debug.readable_errors():
             return inner(*args, **kwargs)
 
     return wrapped
@@ -111,6 +120,8 @@ def grad(
     fun: Callable,
     argnums: int | Sequence[int] = 0,
     has_aux: bool = False,
+    holomorphic: bool = False,
+    allow_int: bool = False,
     *,
     method: Method | Policy | str | None = None,
     memory_limit: float | None = None,
@@ -120,9 +131,10 @@ def grad(
     check_structure: bool | None = None,
     linear_vjp: bool | None = None,
 ) -> Callable:
-    """Like ``jax.grad``; every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
+    """Like ``jax.grad`` (``argnums``, ``has_aux``, ``holomorphic`` and ``allow_int`` as
+    there); every ``bppsa.scan`` inside ``fun`` uses ``method``, ``memory_limit``,
     ``check_finite``, ``forward``, ``precision``, ``check_structure`` and ``linear_vjp`` (see
-    :func:`value_and_grad`).
+    :func:`value_and_grad`, which lists the methods and forwards).
 
     Example:
         >>> xs = jnp.linspace(0.0, 1.0, 50)
@@ -134,6 +146,8 @@ def grad(
         fun,
         argnums,
         has_aux,
+        holomorphic,
+        allow_int,
         method=method,
         memory_limit=memory_limit,
         check_finite=check_finite,

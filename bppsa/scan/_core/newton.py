@@ -189,6 +189,9 @@ class Newton(Forward):
         layout = problem.layout
         return problem.length > 0 and problem.differentiable_carry and all(layout.float_mask)
 
+    def forms_jacobians(self, problem) -> bool:
+        return self.iterates(problem)
+
     def shares_jacobians(self, problem) -> bool:
         # quasi-Newton on a dense autodiff cell forms only the diagonals (cheap_diagonals)
         return self.share_jacobians and self.iterates(problem) and not self.cheap_diagonals(problem)

@@ -38,6 +38,8 @@ class Problem:
         length: ``T``.
         reverse: whether the scan runs from the end of ``xs`` (the methods see it flipped).
         batch: examples served at once through ``jax.vmap`` (read from the traces, or given).
+        unroll: steps of the sequential forward's ``lax.scan`` unrolled per iteration, as in
+            ``jax.lax.scan`` (plain back-propagation's backward transposes that loop).
         batched: whether the arrays the backward sees hold the batch themselves, on an axis
             after the step axis (``(T, B, ...)`` carries and ``xs``, ``(B, n)`` cotangents; see
             :meth:`batched_problem`). ``init``, ``xs`` and the footprint stay those of one
@@ -50,6 +52,7 @@ class Problem:
     length: int
     reverse: bool
     batch: int
+    unroll: int | bool = 1
     batched: bool = False
     vmapped: bool = True  # whether a jax.vmap batches the scan (of size 1 too)
     # compare inferred structured Jacobians with the step at run time: True densely at a few
@@ -191,6 +194,7 @@ def prepare(
     *,
     reverse: bool,
     batch: int | None,
+    unroll: int | bool = 1,
     check_structure: bool | None = None,
 ) -> tuple[Problem, Any]:
     """Checks a scan's arguments and traces its body once (``check_structure``: see
@@ -205,6 +209,7 @@ def prepare(
     if not callable(f):
         raise TypeError(f"bppsa.scan: f argument should be a callable, got {type(f).__name__}.")
     length = arguments.check_arguments(init, xs, length)
+    unroll = arguments.check_unroll(unroll)
     arguments.check_like_lax_scan(lambda c, x: (c, None), init, xs, length, reverse)
     num_steps = arguments.num_steps(xs, length)
     x_example = jax.tree.map(unstacked, xs)
@@ -223,6 +228,7 @@ def prepare(
         length=num_steps,
         reverse=reverse,
         batch=batch,
+        unroll=unroll,
         vmapped=vmapped,
         check_structure=check_structure,
     )

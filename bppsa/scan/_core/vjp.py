@@ -47,7 +47,7 @@ def differentiable(decision: Decision, problem: Problem, plan: ScanPlan | None =
     if decision.plain:
 
         def run(consts, init, xs):  # JAX differentiates the lax.scan itself
-            return decision.forward(problem, consts, init, xs, keep=False)
+            return _checked_forward(decision, problem, consts, init, xs)
 
         return run
     return jacobian_scan(decision, problem, plan)
@@ -66,6 +66,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
     forward = decision.forward
 
     def keep_primal(consts, init, xs):  # also returns the carry that entered every step
+        setup.warn_unused_cell(forward.forms_jacobians(problem))
         with setup.library():
             if decision.shares_jacobians:  # and the steps' Jacobians there, for the backward
                 carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
@@ -73,9 +74,10 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
             carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
-    def primal(consts, init, xs):
+    def primal(consts, init, xs):  # a scan that is only run (a derivative takes evaluate)
+        setup.warn_unused_cell(forward.forms_jacobians(problem))
         with setup.library():
-            return forward(problem, consts, init, xs, keep=False)
+            return _checked_forward(decision, problem, consts, init, xs)
 
     def evaluate(consts, init, xs):
         out = run_keep(consts, init, xs)
@@ -120,12 +122,19 @@ class _Setup:
     def check_finite(self) -> bool:
         return self.decision.check_finite
 
+    def warn_unused_cell(self, builds: bool = True) -> None:
+        """Where the Jacobians are built (``builds``): the body's warning if a cell it calls
+        does not give them (:meth:`bppsa.scan._core.body.Body.warn_unused_cell`)."""
+        if builds and self.problem.differentiable_carry:
+            self.problem.body.warn_unused_cell()
+
     def tangents(self, res, lin, jacobians=False):
         """``(dcarry, dys, dbefore)`` from ``lin = (dconsts, dinit, dxs)``: the tangent
         recurrence, solved in time order by the method's linear scan (float leaves only);
         with ``jacobians``, where the forward shares its Jacobians, also their tangent
         ``djac_t`` (the JVP of their builder along the tangent trajectory: what makes outer
         derivatives through them exact)."""
+        self.warn_unused_cell()
         with self.library():
             return self._tangents(res, lin, jacobians)
 
@@ -162,6 +171,7 @@ class _Setup:
     def cotangents(self, res, cts):
         """``(ct_consts, ct_init, ct_xs)`` from the cotangents of ``(carry, ys, before)`` (and
         of the shared Jacobians; ``None`` where none arrives): the method's backward."""
+        self.warn_unused_cell()
         with self.library():
             return self._backward(self.problem, self.fitted, res, cts)
 
@@ -172,6 +182,7 @@ class _Setup:
         arrays, so that the cotangents of the shared consts come out of one product over steps
         and examples. It needs consts shared by the batch (their values and tangents), and it
         leaves the finiteness check (which reports per example) to the one-by-one path."""
+        self.warn_unused_cell()
         with self.library():
             return self._batched_cotangents(res, res_axes, cts, lin_axes)
 
@@ -266,6 +277,16 @@ class _Setup:
         if extra is not None:
             ct_consts, ct_xs = _add(ct_consts, extra[0]), _add(ct_xs, extra[2])
         return floats_only((ct_consts, layout.unpack(g_first, init_shape), ct_xs))
+
+
+def _checked_forward(decision: Decision, problem: Problem, consts, init, xs):
+    """The forward's ``(carry, ys)``; with ``check_finite``, its steps are checked too (see
+    :func:`bppsa.scan._core.debug.check_forward`)."""
+    if not decision.check_finite:
+        return decision.forward(problem, consts, init, xs, keep=False)
+    carry, (ys, before) = decision.forward(problem, consts, init, xs, keep=True)
+    debug.check_forward(init, before, carry, ys, problem.reverse)
+    return carry, ys
 
 
 def _jacobians_of(all_steps):

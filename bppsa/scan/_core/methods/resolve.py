@@ -42,15 +42,23 @@ def resolve(method: Method | Policy | str | None, *, argname: str = "method") ->
 
 
 def by_name(registry: dict, name: str, argname: str, what: str, example: str):
-    """The default instance of the class ``registry`` has under ``name`` (case-insensitive).
+    """The default instance of the class ``registry`` has under ``name``: the one place where
+    method and forward names are read, case-insensitive and with ``_`` and ``-`` alike
+    (``"sequential_scan"`` is ``"sequential-scan"``).
 
     Raises:
         ValueError: for an unknown name, listing the valid ones.
     """
     try:
-        return registry[name.lower()]()
+        return registry[canonical_name(name)]()
     except KeyError:
         valid = ", ".join(repr(key) for key in sorted(registry))
         raise ValueError(
-            f"{argname}={name!r} is not a known {what}; expected one of {valid}, or {example}."
+            f"{argname}={name!r} is not a known {what}; expected one of {valid} (with '_' or "
+            f"'-' alike), or {example}."
         ) from None
+
+
+def canonical_name(name: str) -> str:
+    """``name`` as the tables spell it: lower case, words joined by ``-``."""
+    return name.lower().replace("_", "-")
