@@ -15,7 +15,9 @@ again.
 
 A backward that does not fit the memory limit is not an error of the forward: the decision keeps
 the :class:`~bppsa.scan._core.memory.MemoryLimitError` and raises it where the backward is
-traced (:meth:`Decision.backward_method`).
+traced (:meth:`Decision.backward_method`). An explicit request that runs by another, exact
+route (a fused kernel that cannot run the step) warns here, once per trace, with the reason
+(:class:`~bppsa.scan._core.fallback.FallbackWarning`); the policies' own choices do not.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from bppsa.scan import _kernels
+from bppsa.scan._core import fallback
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
-from bppsa.scan._core.methods import Auto, FusedSequential, Method, Policy, as_policy
+from bppsa.scan._core.methods import Auto, Blocked, FusedSequential, Method, Policy, as_policy
 from bppsa.scan._core.methods.auto import checked_footprint
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -66,9 +69,9 @@ class Decision:
         memory_limit: bytes the backward may use (``None``: the device's available memory).
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, raised where the backward is traced.
-        backward_because: why ``FusedSequential()``'s reverse loop does not run in its kernel
-            (:meth:`~bppsa.FusedSequential.why_not` on the profile; ``None``: it does, or the
-            backward is another method).
+        backward_because: why ``FusedSequential()``'s reverse loop (alone or in
+            ``Blocked``) does not run in its kernel (:meth:`~bppsa.FusedSequential.why_not` on
+            the profile; ``None``: it does, or the backward is another method).
     """
 
     requested: Method | Policy
@@ -142,6 +145,7 @@ def decide(problem: Problem, options: Options) -> Decision:
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
     elif isinstance(asked, Fused) and (reason := asked.why_not(problem, profile)) is not None:
         forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
+        fallback.warn(f"forward={asked!r}", "lax.scan", forward_because)
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
         # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
@@ -166,8 +170,11 @@ def decide(problem: Problem, options: Options) -> Decision:
         and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
     )
     backward_because = None
-    if isinstance(backward, FusedSequential) and (reason := backward.why_not(problem, profile)):
+    loop = _fused_loop(backward)
+    if loop is not None and (reason := loop.why_not(problem, profile)):
         backward_because = f"the fused kernel: {reason}"
+        if not isinstance(requested, Policy):  # asked for, not Auto()'s choice
+            fallback.warn(f"method={requested!r}", "its loop outside the kernel", backward_because)
     return Decision(
         requested=requested,
         method=method,
@@ -182,6 +189,13 @@ def decide(problem: Problem, options: Options) -> Decision:
         memory_error=error,
         backward_because=backward_because,
     )
+
+
+def _fused_loop(method: Method | None) -> FusedSequential | None:
+    """``FusedSequential()``'s loop where ``method`` runs it (itself, or in time blocks)."""
+    if isinstance(method, Blocked):
+        method = method.method
+    return method if isinstance(method, FusedSequential) else None
 
 
 def decide_chain(work: Callable[[], ChainWork], options: Options) -> Decision:

@@ -1,0 +1,116 @@
+"""Requests are what runs, or say so: an explicit fused forward or backward that falls back warns
+with the reason (bppsa.FallbackWarning), the policies' own choices do not."""
+
+import functools
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import bppsa
+from bppsa.models import RNN, rnn_cell
+from bppsa.scan._profile import GPU
+from tests.helpers import assert_trees_close
+
+H, T = 4, 9
+FLOAT64 = "a carry of float64"
+
+
+def rnn(dtype=jnp.float32, length=T, hidden=H):
+    params = RNN().init(1, hidden, key=jax.random.key(0), dtype=dtype)
+    xs = jax.random.normal(jax.random.key(1), (length, 1), dtype)
+    return params, xs, jnp.zeros(hidden, dtype)
+
+
+def loss(params, xs, init, scan=bppsa.scan, **options):
+    carry, hs = scan(lambda h, x: (rnn_cell(params, h, x), h), init, xs, **options)
+    return jnp.sum(carry**2) + jnp.sum(jnp.sin(hs))
+
+
+def reference_grad(params, xs, init):
+    return jax.grad(functools.partial(loss, scan=lax.scan))(params, xs, init)
+
+
+def fallback_warnings(fun, *args):
+    """``fun(*args)`` and the messages of the FallbackWarnings it raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = fun(*args)
+    return out, [str(w.message) for w in caught if issubclass(w.category, bppsa.FallbackWarning)]
+
+
+# ---- explicit requests that fall back warn --------------------------------------------------
+
+
+@pytest.mark.parametrize("forward", ["fused", bppsa.Fused(), bppsa.Fused(lanes=None)], ids=str)
+def test_an_explicit_fused_forward_on_float64_warns_and_runs_lax_scan(x64, forward):
+    params, xs, init = rnn(jnp.float64)
+    body = lambda h, x: (rnn_cell(params, h, x), h)
+    name = repr(bppsa.Fused() if forward == "fused" else forward)
+    match = re.escape(f"forward={name} runs lax.scan")
+    with pytest.warns(bppsa.FallbackWarning, match=match) as caught, bppsa.trace_plans() as plans:
+        actual = bppsa.scan(body, init, xs, forward=forward)
+    assert [FLOAT64 in str(w.message) for w in caught] == [True]  # once, with the reason
+    assert plans[0].forward.sequential and FLOAT64 in plans[0].forward_because
+    assert_trees_close(actual, lax.scan(body, init, xs), jnp.float64)
+
+
+@pytest.mark.parametrize(
+    "method", [bppsa.FusedSequential(), bppsa.Blocked(bppsa.FusedSequential(), 4)], ids=str
+)
+def test_an_explicit_fused_sequential_on_float64_warns_with_the_reason(x64, method):
+    params, xs, init = rnn(jnp.float64)
+    with bppsa.trace_plans() as plans:
+        actual, messages = fallback_warnings(bppsa.grad(loss, method=method), params, xs, init)
+    assert len(messages) == 1 and messages[0].startswith(f"bppsa.scan: method={method!r} runs")
+    assert FLOAT64 in messages[0]
+    assert plans[0].backward == method and FLOAT64 in plans[0].backward_because
+    assert_trees_close(actual, reference_grad(params, xs, init), jnp.float64)
+
+
+def test_both_requests_warn_once_each_per_trace(x64):
+    params, xs, init = rnn(jnp.float64)
+    fun = bppsa.grad(loss, method=bppsa.FusedSequential(), forward="fused")
+    _, messages = fallback_warnings(fun, params, xs, init)
+    assert [m.split(" runs ")[0] for m in messages] == [
+        "bppsa.scan: forward=Fused()",
+        "bppsa.scan: method=FusedSequential()",
+    ]
+    jitted = jax.jit(fun)
+    _, first = fallback_warnings(jitted, params, xs, init)
+    _, cached = fallback_warnings(jitted, params, xs, init)
+    assert (len(first), cached) == (2, [])  # warned where traced; a cached call is not
+
+
+def test_the_warning_can_be_made_an_error(x64):
+    params, xs, init = rnn(jnp.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bppsa.FallbackWarning)
+        with pytest.raises(bppsa.FallbackWarning, match=FLOAT64):
+            bppsa.grad(loss, method=bppsa.FusedSequential())(params, xs, init)
+
+
+def test_a_fused_request_the_kernel_runs_does_not_warn():
+    params, xs, init = rnn()
+    fun = bppsa.grad(loss, method=bppsa.FusedSequential(), forward="fused")
+    actual, messages = fallback_warnings(fun, params, xs, init)
+    assert messages == []
+    assert_trees_close(actual, reference_grad(params, xs, init), jnp.float32)
+
+
+@pytest.mark.parametrize("profile", [None, GPU], ids=["cpu", "gpu"])
+def test_the_policies_own_choices_never_warn(x64, profile):
+    """The defaults (Auto(), AutoForward()) on float64: on the H200's profile, where the
+    backward is a parallel scan (T = 600), the forward's policy asks the fused kernel, which
+    cannot run float64, and records why, silently."""
+    params, xs, init = rnn(jnp.float64, length=600)
+    with bppsa.trace_plans() as plans:
+        fun = bppsa.grad(loss, method=bppsa.Auto(profile=profile))
+        actual, messages = fallback_warnings(fun, params, xs, init)
+    assert messages == []
+    if profile is GPU:
+        assert FLOAT64 in plans[0].forward_because
+    assert_trees_close(actual, reference_grad(params, xs, init), jnp.float64)
