@@ -1,7 +1,9 @@
 """Requests are what runs, or say so: an explicit fused forward or backward that falls back warns
-with the reason (bppsa.FallbackWarning), the policies' own choices do not."""
+with the reason (bppsa.FallbackWarning), the policies' own choices do not; Auto() over a memory
+limit that nothing fits raises as an explicit method does."""
 
 import functools
+import math
 import re
 import warnings
 
@@ -114,3 +116,49 @@ def test_the_policies_own_choices_never_warn(x64, profile):
     if profile is GPU:
         assert FLOAT64 in plans[0].forward_because
     assert_trees_close(actual, reference_grad(params, xs, init), jnp.float64)
+
+
+# ---- Auto() over a memory limit -------------------------------------------------------------
+
+
+def test_the_default_limit_keeps_autos_plain_back_propagation_bit_identical():
+    """On the CPU Auto() picks plain back-propagation for one short sequence; held to the
+    default limit (the device's available memory) it still is lax.scan, differentiated by JAX."""
+    params, xs, init = rnn()
+    with bppsa.trace_plans() as plans:
+        actual = jax.jit(bppsa.grad(loss))(params, xs, init)
+    assert (plans[0].method, plans[0].backward) == (bppsa.Sequential(), None)
+    expected = jax.jit(reference_grad)(params, xs, init)
+    assert all((a == e).all() for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected)))
+
+
+def test_auto_raises_when_nothing_fits_also_where_it_picked_back_propagation():
+    params, xs, init = rnn()
+    with bppsa.trace_plans() as plans:
+        jax.eval_shape(functools.partial(loss, memory_limit=math.inf), params, xs, init)
+    assert plans[0].method == bppsa.Sequential()  # Auto()'s pick without a limit
+    with pytest.raises(bppsa.MemoryLimitError) as error:
+        bppsa.grad(loss, memory_limit=100)(params, xs, init)
+    message = str(error.value)
+    for text in ("(which chose Sequential())", "limit of 100 B", "tried: bppsa.Chunked("):
+        assert text in message, (text, message)
+    assert error.value.limit == 100 and error.value.alternatives == []
+    # As for an explicit method; the forward alone is no error.
+    with pytest.raises(bppsa.MemoryLimitError, match=r"method=Sequential\(\) needs"):
+        bppsa.grad(loss, method=bppsa.Sequential(), memory_limit=100)(params, xs, init)
+    jax.jit(functools.partial(loss, memory_limit=100))(params, xs, init)
+
+
+def test_auto_falls_back_from_back_propagation_to_a_method_that_fits():
+    params, xs, init = rnn(length=2000)
+    body = lambda h, x: (rnn_cell(params, h, x), h)
+    plain = bppsa.estimate_memory(body, init, xs, method="sequential")
+    small = bppsa.Blocked(bppsa.SequentialScan(), 64)
+    fits = bppsa.estimate_memory(body, init, xs, method=small)
+    assert bppsa.estimate_memory(body, init, xs) == plain and fits < plain  # Auto()'s pick
+    limit = (fits + plain) / 2
+    with bppsa.trace_plans() as plans:
+        actual = bppsa.grad(loss, memory_limit=limit)(params, xs, init)
+    assert plans[0].method.uses_jacobians and plans[0].backward == plans[0].method
+    assert bppsa.estimate_memory(body, init, xs, method=plans[0].method) <= limit
+    assert_trees_close(actual, reference_grad(params, xs, init), jnp.float32)

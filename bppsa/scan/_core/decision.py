@@ -94,8 +94,11 @@ class Decision:
 
     @property
     def plain(self) -> bool:
-        """Whether the scan is ``lax.scan`` itself, differentiated by JAX."""
-        return not self.method.uses_jacobians and self.forward.sequential
+        """Whether the scan is ``lax.scan`` itself, differentiated by JAX (not where its
+        backward does not fit the memory limit: the library's derivative rules raise it)."""
+        return (
+            not self.method.uses_jacobians and self.forward.sequential and self.memory_error is None
+        )
 
     def backward_method(self) -> Method:
         """The backward's method.
