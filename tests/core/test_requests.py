@@ -1,6 +1,7 @@
 """Requests are what runs, or say so: an explicit fused forward or backward that falls back warns
 with the reason (bppsa.FallbackWarning), the policies' own choices do not; Auto() over a memory
-limit that nothing fits raises as an explicit method does."""
+limit that nothing fits raises as an explicit method does; the plans of a jitted function can
+be read after its first call (bppsa.trace_plans(fun, *args))."""
 
 import functools
 import math
@@ -162,3 +163,37 @@ def test_auto_falls_back_from_back_propagation_to_a_method_that_fits():
     assert plans[0].method.uses_jacobians and plans[0].backward == plans[0].method
     assert bppsa.estimate_memory(body, init, xs, method=plans[0].method) <= limit
     assert_trees_close(actual, reference_grad(params, xs, init), jnp.float32)
+
+
+# ---- the plans of a jitted function ---------------------------------------------------------
+
+
+def test_the_plans_of_a_jitted_function_can_be_read_after_its_first_call():
+    params, xs, init = rnn()
+    step = jax.jit(bppsa.grad(loss, method=bppsa.Blelloch()))
+    with bppsa.trace_plans() as first:
+        step(params, xs, init)
+    with bppsa.trace_plans() as cached:
+        step(params, xs, init)
+    assert len(first) == 1 and first[0].backward == bppsa.Blelloch() and cached == []
+    assert bppsa.trace_plans(step, params, xs, init) == first
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, xs, init))
+    assert bppsa.trace_plans(step, *shapes) == first  # shapes alone do
+    with bppsa.trace_plans() as after:
+        step(params, xs, init)
+    assert after == []  # the compiled function is still served from the cache
+
+
+def test_trace_plans_of_a_function_passes_keywords_as_they_are():
+    params, xs, init = rnn()
+    fun = jax.jit(loss, static_argnames="method")
+    traced = bppsa.trace_plans(fun, params, xs, init, method=bppsa.Chunked())
+    assert [plan.method for plan in traced] == [bppsa.Chunked()]
+    assert traced[0].backward is None  # no derivative was traced
+
+
+def test_trace_plans_needs_a_callable():
+    with pytest.raises(TypeError, match="without a function"):
+        bppsa.trace_plans(None, 1.0)
+    with pytest.raises(TypeError, match="fun must be callable"):
+        bppsa.trace_plans(1.0)
