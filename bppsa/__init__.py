@@ -9,8 +9,9 @@ subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`v
 (with :class:`NewtonInfo`), :class:`Fused`, :class:`Pipelined` (across devices, with
 ``Sharded``) and the forward's policy :class:`AutoForward`, the memory guard's
 :func:`estimate_memory` and :class:`MemoryLimitError`, :func:`trace_plans` (what each traced
-scan decided), the measured constants of each backend (:class:`Profile`, made of :class:`Rates`,
-:class:`Rules` and :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and
+scan decided), :class:`FallbackWarning` (an explicit request that runs by another route), the
+measured constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules`
+and :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and
 :class:`AnalyticJacobianWarning`.
 """
 
@@ -27,6 +28,7 @@ else:
 from bppsa.jacobians import AnalyticJacobianWarning
 from bppsa.scan._core.api import estimate_memory
 from bppsa.scan._core.auto_forward import AutoForward
+from bppsa.scan._core.fallback import FallbackWarning
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.grad import grad, value_and_grad
 from bppsa.scan._core.memory import MemoryLimitError
@@ -57,6 +59,7 @@ __all__ = [
     "Blelloch",
     "Blocked",
     "Chunked",
+    "FallbackWarning",
     "Fused",
     "FusedSequential",
     "Kernels",

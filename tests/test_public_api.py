@@ -58,6 +58,7 @@ DOCTEST_MODULES = [
     "bppsa.scan._core.api",
     "bppsa.scan._core.grad",
     "bppsa.scan._core.plans",
+    "bppsa.scan._core.fallback",
     "bppsa.scan._core.body",
     "bppsa.scan._core.methods.auto",
     "bppsa.scan._core.methods.sharded",

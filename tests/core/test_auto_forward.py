@@ -158,7 +158,8 @@ def test_a_scan_that_stops_converging_keeps_its_step_within_the_budget(x64):
 
 def test_plain_back_propagation_keeps_lax_scan_on_every_profile():
     """BP differentiates lax.scan itself: asked for, or where the accelerator profile's cost
-    model picks it (a huge batch: BP's n-fold smaller arithmetic wins)."""
+    model picks it (a huge batch: BP's n-fold smaller arithmetic wins; no memory limit, which
+    that batch's 600 GB would exceed)."""
     xs = jnp.ones((1000, 3))
 
     def loss(w, **options):
@@ -167,7 +168,8 @@ def test_plain_back_propagation_keeps_lax_scan_on_every_profile():
 
     with bppsa.trace_plans() as plans:
         bppsa.grad(functools.partial(loss, method="sequential"))(jnp.eye(3))
-        bppsa.grad(functools.partial(loss, method=ON_GPU, batch=10**7))(jnp.eye(3))
+        huge = functools.partial(loss, method=ON_GPU, batch=10**7, memory_limit=math.inf)
+        bppsa.grad(huge)(jnp.eye(3))
     assert [p.method for p in plans] == [bppsa.Sequential()] * 2
     assert all(p.forward == SequentialForward() for p in plans)
     assert all("plain back-propagation" in p.forward_because for p in plans)

@@ -82,7 +82,7 @@ def scan(
             ``math.inf``: no check). When the backward is traced, the method's memory is
             estimated for this scan (``T``, the carry and Jacobian sizes, the dtype and the
             ``jax.vmap`` batch, see ``batch``); over the limit, ``bppsa.Auto()`` falls back
-            to a lower-memory method and an explicit method raises
+            to a lower-memory method (raising where none fits) and an explicit method raises
             :class:`bppsa.MemoryLimitError`, which lists the alternatives that fit.
         check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
             or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest

@@ -18,7 +18,10 @@ the :class:`~bppsa.scan._core.memory.MemoryLimitError` and raises it where the b
 traced (:meth:`Decision.backward_method`). So does a backward that cannot apply the step's
 ``jax.custom_vjp`` rules exactly (:mod:`bppsa.scan._core.rules`): unless the user declares them
 linear in the cotangent (``linear_vjp=True``), a scan whose carry reaches one back-propagates
-where a policy chooses, and an explicit method that forms Jacobians is refused.
+where a policy chooses, and an explicit method that forms Jacobians is refused. An explicit
+request that runs by another, exact route (a fused kernel that cannot run the step) warns here,
+once per trace, with the reason (:class:`~bppsa.scan._core.fallback.FallbackWarning`); the
+policies' own choices do not.
 """
 
 from __future__ import annotations
@@ -30,12 +33,14 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from bppsa.scan import _kernels
+from bppsa.scan._core import fallback
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
 from bppsa.scan._core.methods import (
     Auto,
+    Blocked,
     FusedSequential,
     Method,
     Policy,
@@ -77,9 +82,9 @@ class Decision:
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, or the refusal of a method that cannot apply
             the step's ``jax.custom_vjp`` rules exactly, raised where the backward is traced.
-        backward_because: why ``FusedSequential()``'s reverse loop does not run in its kernel
-            (:meth:`~bppsa.FusedSequential.why_not` on the profile; ``None``: it does, or the
-            backward is another method).
+        backward_because: why ``FusedSequential()``'s reverse loop (alone or in
+            ``Blocked``) does not run in its kernel (:meth:`~bppsa.FusedSequential.why_not` on
+            the profile; ``None``: it does, or the backward is another method).
     """
 
     requested: Method | Policy
@@ -102,8 +107,11 @@ class Decision:
 
     @property
     def plain(self) -> bool:
-        """Whether the scan is ``lax.scan`` itself, differentiated by JAX."""
-        return not self.method.uses_jacobians and self.forward.sequential
+        """Whether the scan is ``lax.scan`` itself, differentiated by JAX (not where its
+        backward does not fit the memory limit: the library's derivative rules raise it)."""
+        return (
+            not self.method.uses_jacobians and self.forward.sequential and self.memory_error is None
+        )
 
     def backward_method(self) -> Method:
         """The backward's method.
@@ -159,6 +167,7 @@ def decide(problem: Problem, options: Options) -> Decision:
         forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
     elif isinstance(asked, Fused) and (reason := asked.why_not(problem, profile)) is not None:
         forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
+        fallback.warn(f"forward={asked!r}", "lax.scan", forward_because)
     elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
         # Newton's own question: the solver of its recurrences (its footprint differs with
         # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
@@ -185,8 +194,11 @@ def decide(problem: Problem, options: Options) -> Decision:
         and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
     )
     backward_because = None
-    if isinstance(backward, FusedSequential) and (reason := backward.why_not(problem, profile)):
+    loop = _fused_loop(backward)
+    if loop is not None and (reason := loop.why_not(problem, profile)):
         backward_because = f"the fused kernel: {reason}"
+        if not isinstance(requested, Policy):  # asked for, not Auto()'s choice
+            fallback.warn(f"method={requested!r}", "its loop outside the kernel", backward_because)
     return Decision(
         requested=requested,
         method=method,
@@ -228,6 +240,13 @@ def _refusal(opaque: tuple[str, ...], method: Method, forward) -> ValueError:
         "straight-through estimator, a scaled or negated gradient), say so with "
         "linear_vjp=True (on bppsa.scan or bppsa.grad) and any method runs it."
     )
+
+
+def _fused_loop(method: Method | None) -> FusedSequential | None:
+    """``FusedSequential()``'s loop where ``method`` runs it (itself, or in time blocks)."""
+    if isinstance(method, Blocked):
+        method = method.method
+    return method if isinstance(method, FusedSequential) else None
 
 
 def decide_chain(work: Callable[[], ChainWork], options: Options) -> Decision:

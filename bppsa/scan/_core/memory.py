@@ -7,8 +7,10 @@ When the backward pass of a scan is about to be traced,
 :func:`bppsa.scan._core.methods.policy.fit` estimates what the method needs for that scan (its
 ``memory``, from the model here) and compares it with a limit (the user's ``memory_limit``,
 else the default device's available memory). Too much: an automatic method (``bppsa.Auto()``)
-switches to the largest lower-memory method that fits; an explicit one raises
-:class:`MemoryLimitError` with the estimate, the limit and the alternatives that fit.
+switches to the largest lower-memory method that fits, and raises where none does; an explicit
+one raises :class:`MemoryLimitError` with the estimate, the limit and the alternatives that fit.
+Plain back-propagation is held to the limit too (``lax.scan``'s residuals), but for a complex
+carry, which only it supports.
 
 The estimate is a model, not a measurement: bytes of the arrays the scan's forward and backward
 keep alive at their peak (the carries kept for the backward, the Jacobians and the per-step
@@ -238,15 +240,18 @@ def available_bytes() -> float:
         return math.inf
 
 
-def limit_message(method, chosen, need, limit, limit_bytes, options, fp, bp_bytes) -> str:
-    """The text of a :class:`MemoryLimitError`."""
+def limit_message(method, chosen, need, limit, limit_bytes, options, fp, bp_bytes, tried=()) -> str:
+    """The text of a :class:`MemoryLimitError` (``tried``: ``[(method, bytes)]`` a policy tried
+    after its choice, named where none fits)."""
     name = f"{method!r} (which chose {chosen!r})" if chosen is not method else repr(method)
     source = "the default device's available memory" if limit is None else "memory_limit"
     if options:
         fits = ", ".join(f"bppsa.{m!r} (~{human(b)})" for m, b in options)
         advice = f"Lower-memory methods that fit: {fits}."
     else:
-        advice = "No lower-memory backward method fits; use a shorter sequence or fewer examples."
+        also = ", ".join(f"bppsa.{m!r} (~{human(b)})" for m, b in tried)
+        advice = "No lower-memory backward method fits" + (f" (tried: {also})" if also else "")
+        advice += "; use a shorter sequence or fewer examples."
     return (
         f"bppsa.scan: the backward pass with method={name} needs about {human(need)} "
         f"({fp.describe()}), more than the limit of {human(limit_bytes)} ({source}). {advice} "

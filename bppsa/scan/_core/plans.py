@@ -1,9 +1,13 @@
 """What each traced ``bppsa.scan`` decided: the method it ran and how it built its Jacobians.
 
 ``with bppsa.trace_plans() as plans:`` collects one :class:`ScanPlan` per ``bppsa.scan`` traced
-inside the block (a call served from ``jax.jit``'s cache is not traced and records nothing).
-Tests use it to assert the path they exercise; a researcher uses it to see what ``Auto()``
-picked.
+inside the block (a call served from ``jax.jit``'s cache is not traced and records nothing);
+``bppsa.trace_plans(fun, *args)`` traces ``fun`` abstractly, its jitted parts too, and returns
+the plans: those of a jitted function after its first call. Tests use it to assert the path
+they exercise; a researcher uses it to see what ``Auto()`` picked.
+
+The plans go to the list of the innermost block through a context variable that only the user's
+block sets and only tracing appends to; nothing that runs reads it.
 """
 
 from __future__ import annotations
@@ -11,8 +15,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, overload
+
+import jax
+
+from bppsa.scan._core import tracing
 
 _plans: contextvars.ContextVar[list | None] = contextvars.ContextVar("bppsa_plans", default=None)
 
@@ -62,17 +70,60 @@ class ScanPlan:
     forward_jacobians: bool | None = None
 
 
-@contextlib.contextmanager
-def trace_plans() -> Iterator[list[ScanPlan]]:
-    """Collects a :class:`ScanPlan` for every ``bppsa.scan`` traced inside the block.
+@overload
+def trace_plans() -> contextlib.AbstractContextManager[list[ScanPlan]]: ...
+
+
+@overload
+def trace_plans(fun: Callable, /, *args: Any, **kwargs: Any) -> list[ScanPlan]: ...
+
+
+def trace_plans(fun=None, /, *args, **kwargs):
+    """The :class:`ScanPlan` of every ``bppsa.scan`` traced: in a block, or by ``fun(*args)``.
+
+    ``with bppsa.trace_plans() as plans:`` collects the plans of the scans traced inside the
+    block; a call that ``jax.jit`` serves from its cache is not traced and adds none. To read
+    the plans of such a function, e.g. after its first call, pass it:
+    ``bppsa.trace_plans(fun, *args, **kwargs)`` traces ``fun(*args, **kwargs)`` abstractly
+    (``jax.make_jaxpr``: nothing is compiled or run), with ``jax.jit``'s caches missed for the
+    jitted functions it calls, and returns their plans, which are those of their first trace
+    with the same arguments and options.
+
+    Args:
+        fun: the function to trace (``None``: the block form).
+        *args: its positional arguments, arrays or ``jax.ShapeDtypeStruct`` (traced
+            abstractly).
+        **kwargs: its keyword arguments, passed as they are (static options).
+
+    Returns:
+        The block's list (filled when the block ends), or the plans of ``fun(*args)``.
 
     Example:
+        >>> loss = lambda w: bppsa.scan(lambda h, x: (w * h + x, None), 0.0, jnp.ones(5),
+        ...                             method="blelloch")[0]
         >>> with bppsa.trace_plans() as plans:
-        ...     _ = bppsa.grad(lambda w: bppsa.scan(lambda h, x: (w * h + x, None), 0.0,
-        ...                                         jnp.ones(5), method="blelloch")[0])(0.5)
+        ...     _ = bppsa.grad(loss)(0.5)
         >>> plans[0].method, plans[0].backward
         (Blelloch(), Blelloch())
+        >>> step = jax.jit(bppsa.grad(loss))
+        >>> _ = step(0.5)  # traced and compiled; the next call is served from the cache
+        >>> bppsa.trace_plans(step, 0.5) == plans
+        True
     """
+    if fun is None:
+        if args or kwargs:
+            raise TypeError("trace_plans: arguments were given without a function to trace.")
+        return _collecting()
+    if not callable(fun):
+        raise TypeError(f"trace_plans: fun must be callable, got {type(fun).__name__}.")
+    with _collecting() as plans, tracing.fresh_traces():
+        jax.make_jaxpr(lambda *a: fun(*a, **kwargs))(*args)
+    return plans
+
+
+@contextlib.contextmanager
+def _collecting() -> Iterator[list[ScanPlan]]:
+    """The block form of :func:`trace_plans`."""
     plans: list[ScanPlan] = []
     token = _plans.set(plans)
     try:

@@ -15,6 +15,10 @@ Two things ``bppsa.scan`` needs are not in JAX's public API:
   key, so that a function jitted before ``bppsa.grad`` sees them (a plain context variable is
   invisible to the cache, and a jitted function would keep the options of its first trace).
 
+* :func:`fresh_traces`: a block in which ``jax.jit``'s caches miss (a configuration state in
+  its key, set to a new token), so that :func:`bppsa.trace_plans` of a function traces the
+  functions it calls that were jitted and called before.
+
 When JAX changes underneath, each of them falls back to something safe (batch 1 with a warning;
 for the options, a context variable, with :func:`bppsa.grad` refusing already-jitted functions)
 and :func:`problems` lists what fell back (the linear primitive of :mod:`bppsa.scan._core.linear`,
@@ -81,6 +85,18 @@ try:
 except Exception as err:  # pragma: no cover - JAX changed its configuration API
     _PROFILES_STATE = None
     _problems["profiles"] = f"cannot define a configuration state in jax.jit's key: {err}"
+try:
+    _RETRACE_STATE = _config.string_or_object_state(
+        "bppsa_retrace",
+        None,
+        "A token of bppsa.trace_plans(fun, ...) (part of jax.jit's cache key, so that the "
+        "functions traced inside it are traced again, not served from the cache).",
+        include_in_jit_key=True,
+        include_in_trace_context=True,
+    )
+except Exception as err:  # pragma: no cover - JAX changed its configuration API
+    _RETRACE_STATE = None
+    _problems["retrace"] = f"cannot define a configuration state in jax.jit's key: {err}"
 _profiles_fallback: list[tuple] = [()]  # only where JAX's configuration API changed
 _options_fallback: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "bppsa_options", default=None
@@ -168,6 +184,18 @@ def options_context(options: Any) -> Iterator[None]:
         yield
     finally:
         _options_fallback.reset(token)
+
+
+@contextlib.contextmanager
+def fresh_traces() -> Iterator[None]:
+    """Within the block, ``jax.jit``'s caches miss: the functions called are traced again (a
+    new token in their key each time; where JAX's configuration API changed, the block does
+    nothing and a cached function is not traced)."""
+    if _RETRACE_STATE is None:  # pragma: no cover - JAX changed its configuration API
+        yield
+        return
+    with _RETRACE_STATE(object()):
+        yield
 
 
 def profile_overrides() -> tuple:

@@ -7,7 +7,8 @@ steps at once, and only the carry's dependence cone runs in the kernel
 (:mod:`~bppsa.scan._core.fused.padded`). The platform is chosen when the program is lowered
 (``lax.platform_dependent``): on CUDA the kernel (Triton), on the CPU the same kernel in Pallas'
 interpreter, elsewhere ``lax.scan``. A scan the kernel cannot run (:meth:`Fused.why_not`) runs
-``lax.scan``: never an error.
+``lax.scan``, the same values: never an error, but asked for explicitly (``forward="fused"``,
+``forward=Fused(...)``) a :class:`bppsa.FallbackWarning` with the reason, once per trace.
 
 The envelope, the largest arrays the kernel takes, is data of the profile
 (:class:`~bppsa.scan._profile.Kernels`' ``fused_max_tile`` and ``fused_max_resident``): the
@@ -61,6 +62,13 @@ _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 @dataclasses.dataclass(frozen=True)
 class Fused(Forward):
     """The forward loop in one Pallas kernel launch, the carry on chip.
+
+    Where the kernel cannot run the scan (:meth:`why_not`: float64 or complex values, a
+    primitive without a rule, arrays beyond the profile's envelope), the scan runs ``lax.scan``,
+    with the same values, and warns once per trace with the reason
+    (:class:`bppsa.FallbackWarning`; ``warnings.simplefilter("error", bppsa.FallbackWarning)``
+    makes it an error). ``bppsa.AutoForward()``'s own choice of the kernel does not warn: it
+    records the reason in :func:`bppsa.trace_plans`' ``forward_because``.
 
     Attributes:
         num_warps: Triton warps per program.

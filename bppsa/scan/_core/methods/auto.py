@@ -128,10 +128,15 @@ class Choosing(policy.Policy):
 
     def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         """:meth:`pick` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
-        plain back-propagation for a complex carry; a method that scans the Jacobians within
-        ``limit``, else the first lower-memory method of the memory guard's list that fits
-        (the profile's ``fallback_block``). ``FusedSequential()`` only where ``fp`` says its
-        kernel runs the step (``fp.fused_backward is None``)."""
+        plain back-propagation for a complex carry; else the pick within ``limit`` (plain
+        back-propagation's too), else the first lower-memory method of the memory guard's
+        list that fits (the profile's ``fallback_block``). ``FusedSequential()`` only where
+        ``fp`` says its kernel runs the step (``fp.fused_backward is None``).
+
+        Raises:
+            MemoryLimitError: neither the pick nor any method of that list fits ``limit``
+                (as for an explicit method; the error lists what was tried).
+        """
         if fp.complex_leaves:
             return Sequential()
         profile = self.profile_or(profile)
@@ -147,7 +152,7 @@ class Choosing(policy.Policy):
             jacobians,
             fp.fused_backward is None,
         )
-        if chosen.uses_jacobians and (limit is None or limit < math.inf):
+        if limit is None or limit < math.inf:
             try:
                 return policy.guard(chosen, fp, limit, self, profile=profile)
             except MemoryLimitError as err:

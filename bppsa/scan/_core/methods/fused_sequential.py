@@ -62,7 +62,10 @@ class FusedSequential(Method):
     it is a Triton kernel; elsewhere, and where the kernel cannot run the step's VJP
     (:meth:`why_not`: a primitive without a padded rule, a float64 carry, the envelope), the
     same reverse loop runs in ``lax.scan``. A step whose VJP cannot be traced at all falls back
-    to :class:`SequentialScan`'s backward. Never an error.
+    to :class:`SequentialScan`'s backward. Never an error: asked for explicitly (alone or in
+    :class:`~bppsa.Blocked`), a fallback warns once per trace with the reason
+    (:class:`bppsa.FallbackWarning`, which ``warnings.simplefilter("error", ...)`` makes an
+    error); ``bppsa.Auto()`` never picks it where the kernel cannot run the step.
 
     Forward mode (``jax.jvp``) solves the tangent recurrence sequentially over the Jacobians
     formed for it, and a derivative of the backward itself (a Hessian) differentiates the same

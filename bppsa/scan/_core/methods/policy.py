@@ -65,8 +65,9 @@ class Policy(abc.ABC):
     ) -> Method:
         """The method that runs the backward of a scan of footprint ``fp`` within ``limit``
         bytes (``None``: the default device's available memory; ``math.inf``: no limit), by
-        ``profile`` (:meth:`profile_or` of the backend's). The limit applies to a method that
-        scans the Jacobians: plain back-propagation is JAX's own derivative of ``lax.scan``.
+        ``profile`` (:meth:`profile_or` of the backend's). The limit applies to every method,
+        plain back-propagation too (its ``lax.scan``'s residuals), but to none for a complex
+        carry, which only plain back-propagation supports.
 
         ``jacobians``: one that scans the Jacobians (never plain back-propagation), as a
         parallel forward's linear solves and the finiteness check need.
@@ -100,8 +101,8 @@ class Fixed(Policy):
     def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         if fp.complex_leaves:
             require(self.method, "complex_carry", leaves=fp.complex_leaves)
-        if not self.method.uses_jacobians:
-            return self.method
+            if not self.method.uses_jacobians:
+                return self.method
         return guard(self.method, fp, limit, profile=profile)
 
     def chain_method(self, work, *, profile):
@@ -155,10 +156,13 @@ def bytes_allowed(limit: float | None) -> float:
 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile) -> MemoryLimitError:
-    """The error for a backward that does not fit, listing the lower-memory methods that do."""
-    options = lower_memory(fallbacks(profile), fp, need, limit_bytes)
+    """The error for a backward that does not fit, listing the lower-memory methods that do
+    (and, for a policy's choice, where none does, the fallbacks it tried)."""
+    candidates = fallbacks(profile)
+    options = lower_memory(candidates, fp, need, limit_bytes)
+    tried = [(m, m.memory(fp)) for m in candidates] if requested is not chosen else []
     message = limit_message(
-        requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp)
+        requested, chosen, need, limit, limit_bytes, options, fp, Sequential().memory(fp), tried
     )
     return MemoryLimitError(message, need, limit_bytes, options)
 
