@@ -131,3 +131,19 @@ def test_the_docstrings_list_every_forward_and_method():
         for name in (*forwards, *methods):
             assert f'``"{name}"``' in fun.__doc__, (fun, name)
     assert "value_and_grad" in bppsa.grad.__doc__  # which lists them
+
+
+def test_bppsa_scan_is_the_function_and_reaches_every_module_of_the_subpackage():
+    import sys
+
+    import bppsa.scan._core.layer_scan  # imported after bppsa.scan itself
+
+    assert bppsa.scan._core.layer_scan is sys.modules["bppsa.scan._core.layer_scan"]
+    assert bppsa.scan.Blelloch is bppsa.Blelloch and callable(sys.modules["bppsa.scan"])
+
+
+def test_a_fallback_warning_points_at_the_user_s_line():
+    body = lambda h, x: (jnp.tanh(jnp.cumsum(h) + x), h)  # cumsum: no kernel rule
+    with pytest.warns(bppsa.FallbackWarning) as caught:
+        bppsa.scan(body, jnp.zeros(2), jnp.ones((5, 2)), forward="fused")
+    assert caught[0].filename == __file__

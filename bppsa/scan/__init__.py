@@ -21,11 +21,10 @@ recurrent cells:
 
 So ``import bppsa.scan as s; s.Blelloch`` and ``from bppsa.scan import Blelloch`` both work,
 and ``s(f, init, xs)`` scans: the attribute ``bppsa.scan`` of the package is the function,
-which carries the names of ``__all__`` (:data:`function`), so that ``help(bppsa.scan)`` shows the
-function; this module (``sys.modules["bppsa.scan"]``) can be called as well.
+whose attributes are this module's namespace (:data:`function`), so that ``help(bppsa.scan)``
+shows the function; this module (``sys.modules["bppsa.scan"]``) can be called as well.
 """
 
-import functools as _functools
 import inspect as _inspect
 import sys as _sys
 import types as _types
@@ -152,11 +151,16 @@ __signature__ = _inspect.signature(_scan)
 _sys.modules[__name__].__class__ = _ScanModule
 
 
-@_functools.wraps(_scan)
-def function(*args, **kwargs):
-    return _scan(*args, **kwargs)
+# A copy of the function (its code, defaults and docstring: no frame of its own in tracebacks)
+function = _types.FunctionType(
+    _scan.__code__, _scan.__globals__, _scan.__name__, _scan.__defaults__, _scan.__closure__
+)
+function.__kwdefaults__ = _scan.__kwdefaults__
+function.__doc__, function.__annotations__ = _scan.__doc__, _scan.__annotations__
+function.__qualname__, function.__module__ = _scan.__qualname__, __name__
 
 
-# What ``bppsa.scan`` is: the function, with this subpackage's names as attributes (so that
-# ``help`` and ``pydoc`` document the function, which they never do for a module).
-function.__dict__.update({name: globals()[name] for name in __all__}, __all__=__all__)
+# What ``bppsa.scan`` is: the function (so that ``help`` and ``pydoc`` document it, which they
+# never do for a module) whose attributes are this subpackage's namespace itself, the same dict:
+# its public names, its private modules, and the submodules imported later.
+function.__dict__ = globals()

@@ -17,7 +17,6 @@ or back-propagated through ``lax.scan``.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from bppsa.scan import _precision
 from bppsa.scan._core.capture import AnalyticJacobianWarning, match, recording
 from bppsa.scan._core.carry import Layout, is_float
 from bppsa.scan._core.dependence import depends_on
+from bppsa.scan._core.fallback import caller_stacklevel
 
 ANALYTIC, AUTODIFF = "analytic", "autodiff"
 
@@ -81,22 +81,8 @@ class Body:
             f"bppsa.scan: analytic Jacobians not used ({self.reason}); the scan builds its "
             "Jacobians by autodiff instead (exact, but dense and slower).",
             AnalyticJacobianWarning,
-            stacklevel=_outside_the_libraries(),
+            stacklevel=caller_stacklevel(),
         )
-
-
-def _outside_the_libraries() -> int:
-    """The ``stacklevel`` of the innermost caller outside bppsa and JAX (the user's line that
-    traces the derivative), so that the warning points there."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
-        "bppsa",
-        "jax",
-        "contextlib",
-        "functools",
-    ):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
 
 
 def trace_body(f: Callable, init: Any, x: Any) -> Body:

@@ -11,10 +11,8 @@ their reasons in :func:`bppsa.trace_plans`.
 
 from __future__ import annotations
 
+import sys
 import warnings
-
-# The frames between the user's bppsa.scan call and warn(): warn, decide, scan.
-_STACKLEVEL = 4
 
 
 class FallbackWarning(UserWarning):
@@ -44,5 +42,19 @@ def warn(request: str, route: str, reason: str) -> None:
     warnings.warn(
         f"bppsa.scan: {request} runs {route} for this scan ({reason}).",
         FallbackWarning,
-        stacklevel=_STACKLEVEL,
+        stacklevel=caller_stacklevel(),
     )
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost caller outside bppsa and JAX (the user's line that
+    traces the scan or its derivative), so that a library's warning points there."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
+        "bppsa",
+        "jax",
+        "contextlib",
+        "functools",
+    ):
+        frame, level = frame.f_back, level + 1
+    return level if frame is not None else 2
