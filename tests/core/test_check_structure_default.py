@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa.scan._core import element_flow, rules, stacked, structure
+from bppsa.scan._core import element_flow, rules, stacked, structure, structure_check
 from tests.core.test_check_structure import (
     A,
     N,
@@ -136,3 +136,13 @@ def test_rules_module_reads_the_name_of_the_function():
     clipped.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1, 1),))
     found = rules.opaque_rules(lambda h, w: jnp.tanh(clipped(w @ h)), jnp.ones(3), jnp.eye(3))
     assert len(found) == 1 and found[0].startswith("clipped at ")
+
+
+def test_the_host_is_called_only_on_a_mismatch(monkeypatch):
+    calls = []
+    monkeypatch.setattr(structure_check, "_raise_sampled", lambda *a, **k: calls.append(a))
+    bppsa.grad(_loss(diagonal, _xs()))(A)  # a correct structure: checked on the device alone
+    assert calls == []
+    monkeypatch.setitem(element_flow._RULES, "rev", element_flow._identity)
+    bppsa.grad(_loss(reversal, _xs()))(A)  # misread: the (counting) report is called
+    assert len(calls) == 1 and bool(calls[0][1])

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from bppsa.scan._core import structure_check
 from bppsa.scan._elements import MapStack
 
 # Per-step flags (bits).
@@ -174,16 +175,21 @@ def _raise_forward(init_bad, any_bad, earliest, flag, *, steps, reverse):
     raise FloatingPointError(PREFIX + "non-finite values in the forward pass: " + found + ".")
 
 
+# The checks that raise from inside a compiled program: how their messages begin, their errors.
+CHECKS = {PREFIX: FloatingPointError, structure_check.PREFIX: ValueError}
+
+
 @contextlib.contextmanager
 def readable_errors() -> Iterator[None]:
-    """Within the block, the check's error raised inside a compiled program reaches the caller
-    as the ``FloatingPointError`` it is (JAX's runtime error, which ends with its message and
-    traceback, becomes its ``__cause__``)."""
+    """Within the block, a check's error raised inside a compiled program (this one's, or the
+    structure check's) reaches the caller as the ``FloatingPointError`` or ``ValueError`` it is
+    (JAX's runtime error, which ends with its message and traceback, becomes its
+    ``__cause__``)."""
     try:
         yield
     except jax.errors.JaxRuntimeError as err:
         text = str(err)
-        at = text.rfind(PREFIX)
+        at, prefix = max((text.rfind(prefix), prefix) for prefix in CHECKS)
         if at < 0:
             raise
-        raise FloatingPointError(text[at:].strip()) from err
+        raise CHECKS[prefix](text[at:].strip()) from err
