@@ -23,9 +23,10 @@ what Auto ran and how the Jacobians were built are recorded beside them. The JSO
 (``"backward": "pullback"``) is rewritten atomically after every point.
 
 With ``--structure-check``, every method also runs with ``check_structure=False`` as a program
-of its own (``<method>-unchecked``), and each row records what the default structure check
-costs a structure found in the cell (``indrnn-user``): ``check_cost_backward_{median,min}``,
-the checked backward's time over the unchecked one's, and the same for the total.
+of its own (the row's ``unchecked``, by method), and each row records what the default
+structure check costs a structure found in the cell (``indrnn-user``):
+``check_cost_backward_{median,min}``, the checked backward's time over the unchecked one's, and
+the same for the total.
 
 Run: ``.venv/bin/python -m benchmarks.width --cells diagonal-gru --hiddens 64 256 1024 4096
 --length 4096 --batch 4 --out benchmarks/results/width/cpu.json``.
@@ -145,6 +146,8 @@ def measure(
         entry |= ms_fields(times[name])
         entry["per_step_backward_us"] = 1e3 * entry["backward_ms"] / length
         entry["backward_kernel_ms"] = programs[name].backward_kernel_ms()  # on a GPU only
+    if structure_check:  # not methods of their own: beside them, by the method's name
+        row["unchecked"] = {name: row["methods"].pop(name + UNCHECKED) for name in methods}
     for name in methods:
         entry = row["methods"][name]
         for stat, suffix in (("median", ""), ("min", "_min")):
@@ -153,7 +156,7 @@ def measure(
             )
             entry[f"total_speedup_{stat}"] = bp[f"total{suffix}_ms"] / entry[f"total{suffix}_ms"]
             if structure_check:
-                unchecked = row["methods"][name + UNCHECKED]
+                unchecked = row["unchecked"][name]
                 for part in ("backward", "total"):
                     entry[f"check_cost_{part}_{stat}"] = (
                         entry[f"{part}{suffix}_ms"] / unchecked[f"{part}{suffix}_ms"]

@@ -44,7 +44,8 @@ def test_the_structure_check_s_cost_is_a_ratio_of_two_programs(tmp_path):
     argv += ["--inputs", "3", "--methods", "blelloch", "--structure-check", "--repeats", "2"]
     assert width.main([*argv, "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
-    checked, unchecked = row["methods"]["blelloch"], row["methods"]["blelloch-unchecked"]
+    checked, unchecked = row["methods"]["blelloch"], row["unchecked"]["blelloch"]
+    assert set(row["methods"]) == {"bp", "blelloch"}  # the method names stay the vocabulary's
     assert checked["jacobians"] == "autodiff, diagonal"  # a found structure: the check runs
     for stat, suffix in (("median", ""), ("min", "_min")):
         for quantity in ("backward", "total"):
