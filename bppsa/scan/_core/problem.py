@@ -96,23 +96,27 @@ class Problem:
     def _carry_structure(self, transform: Callable = lambda carry_map: carry_map) -> Structure:
         """:func:`carry_structure` of the step's carry map (after ``transform``), at the
         shapes of one step."""
-        x = jax.tree.map(unstacked, self.xs)
-        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
 
         def carry_map(carry, x, *consts):
             return transform(lambda c: self.body.step(c, x, *consts)[0])(carry)
 
-        return carry_structure(carry_map, self.init, x, *consts)
+        return carry_structure(carry_map, self.init, *self._step_shapes())
+
+    def _step_shapes(self) -> tuple:
+        """``(x, *consts)`` of one step, as shapes."""
+        x = jax.tree.map(unstacked, self.xs)
+        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
+        return (x, *consts)
 
     @functools.cached_property
     def opaque_rules(self) -> tuple[str, ...]:
         """The ``jax.custom_vjp`` functions whose inputs the step's carry may reach (their
         names; :func:`bppsa.scan._core.rules.opaque_rules`): only back-propagation applies
         their backwards exactly unless the user says they are linear."""
-        x = jax.tree.map(unstacked, self.xs)
-        consts = [jax.ShapeDtypeStruct(jnp.shape(c), jnp.result_type(c)) for c in self.body.consts]
         return rules.opaque_rules(
-            lambda carry, x, *consts: self.body.step(carry, x, *consts)[:2], self.init, x, *consts
+            lambda carry, x, *consts: self.body.step(carry, x, *consts)[:2],
+            self.init,
+            *self._step_shapes(),
         )
 
     @property

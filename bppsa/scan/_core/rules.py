@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
+from bppsa.scan._core.carry import is_float
+
 JVP_RULES = frozenset({"custom_jvp_call"})
 VJP_RULES = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})  # the second: older JAX
 
@@ -50,10 +52,6 @@ def name(eqn) -> str:
     return where if isinstance(where, str) and where else f"a {eqn.primitive.name}"
 
 
-def _is_float(aval: Any) -> bool:
-    return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, np.inexact)
-
-
 def jvp_jaxpr(eqn) -> tuple[ClosedJaxpr, list[bool], list[bool]]:
     """The JVP of one ``custom_jvp_call`` equation by its rule, as a jaxpr.
 
@@ -65,8 +63,8 @@ def jvp_jaxpr(eqn) -> tuple[ClosedJaxpr, list[bool], list[bool]]:
     Raises:
         Exception: whatever tracing the rule raises (the caller reads the call as dense).
     """
-    float_in = [_is_float(v.aval) for v in eqn.invars]
-    float_out = [_is_float(v.aval) for v in eqn.outvars]
+    float_in = [is_float(v.aval) for v in eqn.invars]
+    float_out = [is_float(v.aval) for v in eqn.outvars]
     primals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
     tangents = [p for p, f in zip(primals, float_in) if f]
 
