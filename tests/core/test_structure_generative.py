@@ -228,10 +228,16 @@ def true_nonzeros(step, carry) -> np.ndarray:
 
 def assert_structure_holds_the_jacobian(ops, carry_kind, seed):
     step, carry = make_step(ops, seed), CARRIES[carry_kind]()
+    return assert_found_structure_holds(step, carry, f"ops {ops} on a {carry_kind} carry")
+
+
+def assert_found_structure_holds(step, carry, body: str):
+    """The dependencies found in ``step`` hold every nonzero of its Jacobian (``jax.jacfwd``,
+    custom rules included) and the blocks every dependency; ``body`` names it in failures."""
     nonzero = true_nonzeros(step, carry)
     deps = carry_dependencies(step, carry, jnp.zeros(N), 1.0)
     structure = classify(deps)
-    context = f"ops {ops} on a {carry_kind} carry: {structure.description}"
+    context = f"{body}: {structure.description}"
     if deps.sets is not None:
         allowed = np.zeros((N, N), bool)
         rows, slots = np.nonzero(deps.sets >= 0)
@@ -267,6 +273,9 @@ def assert_gradients_equal_lax_scan(ops, carry_kind, seed):
 
 
 OP_LISTS = st.lists(st.sampled_from(NAMES), min_size=1, max_size=4).map(tuple)
+# What reverse mode can differentiate at all: JAX refuses a while_loop's (lax.scan's too).
+DIFFERENTIABLE = [name for name in NAMES if name != "while"]
+GRADIENT_OP_LISTS = st.lists(st.sampled_from(DIFFERENTIABLE), min_size=1, max_size=4).map(tuple)
 CARRY_KINDS = st.sampled_from(sorted(CARRIES))
 SEEDS = st.integers(0, 3)
 
@@ -327,14 +336,14 @@ def test_gradients_over_the_found_structure_equal_lax_scan(x64, ops):
 
 
 @_settings(6)
-@given(ops=OP_LISTS, carry_kind=CARRY_KINDS, seed=SEEDS)
+@given(ops=GRADIENT_OP_LISTS, carry_kind=CARRY_KINDS, seed=SEEDS)
 def test_gradients_of_drawn_bodies_equal_lax_scan(x64, ops, carry_kind, seed):
     assert_gradients_equal_lax_scan(ops, carry_kind, seed)
 
 
 @pytest.mark.slow
 @_settings(100)
-@given(ops=OP_LISTS, carry_kind=CARRY_KINDS, seed=SEEDS)
+@given(ops=GRADIENT_OP_LISTS, carry_kind=CARRY_KINDS, seed=SEEDS)
 def test_gradients_of_many_drawn_bodies_equal_lax_scan(x64, ops, carry_kind, seed):
     assert_gradients_equal_lax_scan(ops, carry_kind, seed)
 

@@ -57,46 +57,42 @@ except ImportError as err:  # pragma: no cover - a JAX without these modules
     _core = _ad = _batching = None
     _problems["traces"] = f"cannot import JAX's trace modules: {err}"
 
-try:
-    from jax._src import config as _config
 
-    _OPTIONS_STATE = _config.string_or_object_state(
-        "bppsa_options",
-        None,
-        "Options of the enclosing bppsa.grad (set by bppsa; part of jax.jit's cache key).",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
-except Exception as err:  # pragma: no cover - JAX changed its configuration API
-    _OPTIONS_STATE = None
-    _problems["options"] = f"cannot define a configuration state in jax.jit's key: {err}"
+def _jit_key_state(feature: str, name: str, default: Any, help_text: str) -> Any:
+    """A JAX configuration state in ``jax.jit``'s cache key (and the trace context), or
+    ``None`` where JAX's configuration API changed (recorded under ``feature``)."""
+    try:
+        from jax._src import config
 
+        return config.string_or_object_state(
+            name, default, help_text, include_in_jit_key=True, include_in_trace_context=True
+        )
+    except Exception as err:  # pragma: no cover - JAX changed its configuration API
+        _problems[feature] = f"cannot define a configuration state in jax.jit's key: {err}"
+        return None
+
+
+_OPTIONS_STATE = _jit_key_state(
+    "options",
+    "bppsa_options",
+    None,
+    "Options of the enclosing bppsa.grad (set by bppsa; part of jax.jit's cache key).",
+)
 OPTIONS_IN_JIT_KEY = _OPTIONS_STATE is not None
-
-try:
-    _PROFILES_STATE = _config.string_or_object_state(
-        "bppsa_profiles",
-        (),
-        "The profiles bppsa.set_profile gave, as ((backend, profile), ...) (part of jax.jit's "
-        "cache key, so that a new profile reaches an already-jitted function's next call).",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
-except Exception as err:  # pragma: no cover - JAX changed its configuration API
-    _PROFILES_STATE = None
-    _problems["profiles"] = f"cannot define a configuration state in jax.jit's key: {err}"
-try:
-    _RETRACE_STATE = _config.string_or_object_state(
-        "bppsa_retrace",
-        None,
-        "A token of bppsa.trace_plans(fun, ...) (part of jax.jit's cache key, so that the "
-        "functions traced inside it are traced again, not served from the cache).",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
-except Exception as err:  # pragma: no cover - JAX changed its configuration API
-    _RETRACE_STATE = None
-    _problems["retrace"] = f"cannot define a configuration state in jax.jit's key: {err}"
+_PROFILES_STATE = _jit_key_state(
+    "profiles",
+    "bppsa_profiles",
+    (),
+    "The profiles bppsa.set_profile gave, as ((backend, profile), ...) (part of jax.jit's "
+    "cache key, so that a new profile reaches an already-jitted function's next call).",
+)
+_RETRACE_STATE = _jit_key_state(
+    "retrace",
+    "bppsa_retrace",
+    None,
+    "A token of bppsa.trace_plans(fun, ...) (part of jax.jit's cache key, so that the "
+    "functions traced inside it are traced again, not served from the cache).",
+)
 _profiles_fallback: list[tuple] = [()]  # only where JAX's configuration API changed
 _options_fallback: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "bppsa_options", default=None
