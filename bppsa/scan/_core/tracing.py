@@ -57,14 +57,17 @@ except ImportError as err:  # pragma: no cover - a JAX without these modules
     _core = _ad = _batching = None
     _problems["traces"] = f"cannot import JAX's trace modules: {err}"
 
+try:
+    from jax._src import config as _config
+except ImportError:  # pragma: no cover - a JAX without it: every state below falls back
+    _config = None
+
 
 def _jit_key_state(feature: str, name: str, default: Any, help_text: str) -> Any:
     """A JAX configuration state in ``jax.jit``'s cache key (and the trace context), or
     ``None`` where JAX's configuration API changed (recorded under ``feature``)."""
     try:
-        from jax._src import config
-
-        return config.string_or_object_state(
+        return _config.string_or_object_state(
             name, default, help_text, include_in_jit_key=True, include_in_trace_context=True
         )
     except Exception as err:  # pragma: no cover - JAX changed its configuration API
