@@ -38,6 +38,7 @@ from tests.core.test_structure_generative import (
     _floats,
     _weights,
     assert_found_structure_holds,
+    step_of,
 )
 from tests.helpers import derandomized
 
@@ -105,22 +106,7 @@ def make_step(ops: tuple[str, ...], wraps: tuple[str | None, ...], seed: int):
         op = functools.partial(_with_constants, OPS[name], perm=perm)
         functions.append(op if wrap is None else RULES[wrap][0](op))
 
-    def step(carry, x, scale):
-        leaves, treedef = jax.tree.flatten(carry)
-        v = jnp.concatenate([leaf.ravel() for leaf in _floats(carry)])
-        for function in functions:
-            v = function(v, x, w)
-        v = jnp.tanh(v + scale * x)
-        out, offset = [], 0
-        for leaf in leaves:
-            if jnp.issubdtype(leaf.dtype, jnp.floating):
-                out.append(v[offset : offset + leaf.size].reshape(leaf.shape))
-                offset += leaf.size
-            else:
-                out.append(leaf + 1)
-        return jax.tree.unflatten(treedef, out)
-
-    return step
+    return step_of(functions, w)
 
 
 def _with_constants(op, v, x, w, *, perm):

@@ -173,13 +173,18 @@ def _floats(carry) -> list:
 
 def make_step(ops: tuple[str, ...], seed: int):
     """``step(carry, x, scale) -> carry``: the ops on the packed float leaves, then ``tanh``."""
-    w = _weights(seed)
+    return step_of([OPS[name] for name in ops], _weights(seed))
+
+
+def step_of(functions, w):
+    """``step(carry, x, scale) -> carry``: ``functions`` (``f(v, x, w)``, in order) on the
+    packed float leaves, then ``tanh``; an integer leaf counts the steps."""
 
     def step(carry, x, scale):
         leaves, treedef = jax.tree.flatten(carry)
         v = jnp.concatenate([leaf.ravel() for leaf in _floats(carry)])
-        for name in ops:
-            v = OPS[name](v, x, w)
+        for function in functions:
+            v = function(v, x, w)
         v = jnp.tanh(v + scale * x)
         out, offset = [], 0
         for leaf in leaves:
