@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import bppsa
-from bppsa.scan._core.options import Options, ambient
+from bppsa.scan._core.asked import options_from
+from bppsa.scan._core.options import ambient
 from paper_figures.result_files import methods as method_names
 
 __all__ = [
@@ -166,7 +167,7 @@ def bind(
         ValueError, TypeError: for an unknown method or forward, or a bad limit (before any
             tracing).
     """
-    options = Options.make(method, memory_limit, None, forward)
+    options = options_from(method, memory_limit, None, forward)
 
     @functools.wraps(loss)
     def bound(*args: Any, **kwargs: Any) -> Any:

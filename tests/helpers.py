@@ -195,7 +195,7 @@ def assert_path(plans, method, jacobians="analytic") -> None:
     for plan in plans:
         assert plan.method == method, (plan.method, method)
         assert plan.jacobians == jacobians, (plan.jacobians, jacobians)
-        if method.uses_jacobians:
+        if method.keeps_carries:
             assert plan.backward == method, (plan.backward, method)
         else:
             assert plan.backward is None, plan.backward

@@ -62,9 +62,9 @@ def test_auto_weighs_the_vmap_batch(cell, cell_fn, element, small, large):
             actual = jax.jit(jax.grad(lambda p, xs: loss(p, xs, bppsa.scan)))(params, xs)
         assert [(plan.batch, plan.method) for plan in plans] == [(batch, runs)]
         assert uses_custom_derivatives(lambda p, xs: loss(p, xs, bppsa.scan), params, xs) == (
-            runs.uses_jacobians
+            runs.keeps_carries
         )
         expected = jax.jit(jax.grad(lambda p, xs: loss(p, xs, jax.lax.scan)))(params, xs)
         assert_trees_close(actual, expected, jnp.float32)
     if jax.default_backend() == "cpu":  # the CPU rule: the large batch runs plain BP
-        assert not bppsa.Auto().choose(30, hidden, batch=large, element=element).uses_jacobians
+        assert not bppsa.Auto().choose(30, hidden, batch=large, element=element).keeps_carries

@@ -156,6 +156,8 @@ SPGEMM_METHODS = ("auto", "padded", "bucketed", "segment")
 SPMV_METHODS = ("padded", "segment")
 # The fields of Kernels that bound the fused loops.
 ENVELOPE = ("fused_max_tile", "fused_max_resident")
+# The fields of Kernels that launch the fused loops' kernels.
+LAUNCH = ("fused_num_warps", "fused_num_stages")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +188,12 @@ class Kernels:
             ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernel in Pallas'
             interpreter, which has no on-chip memory; it keeps the defaults, the H200's
             placeholders, so that the interpreter runs the cases a device would.
+        fused_backend: the fused loops' kernel backend (``"triton"``: Pallas' Triton backend,
+            whose kernels run in Pallas' interpreter on the CPU); ``None``: the platform has
+            none, and the fused loops run in ``lax.scan``.
+        fused_num_warps, fused_num_stages, fused_lanes: the fused kernels' launch: warps per
+            program, the compiler's pipelining stages, and lanes of the carry per program where
+            they are independent (``None``: one program per example).
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -208,12 +216,25 @@ class Kernels:
     # benchmarks.tools.fit_profile --compile sets them from it
     fused_max_tile: int = 1 << 16
     fused_max_resident: int = 1 << 17
+    fused_backend: str | None = "triton"
+    # ASSUMED, not measured: one lane per thread of 4 warps; stages: 1 (a fori_loop's loads do
+    # not pipeline); the kernel lab (the kernel-lab issue) measures them
+    fused_num_warps: int = 4
+    fused_num_stages: int = 1
+    fused_lanes: int | None = 128
 
     def __post_init__(self):
         for field in ("small_rows", "small_size", "small_unroll_rows"):
             _check_number("Kernels", field, getattr(self, field), integer=True, zero=True)
-        for field in ("small_unroll", "tiled_one_row_unroll", *ENVELOPE):
+        for field in ("small_unroll", "tiled_one_row_unroll", *ENVELOPE, *LAUNCH):
             _check_number("Kernels", field, getattr(self, field), integer=True)
+        if self.fused_lanes is not None:
+            _check_number("Kernels", "fused_lanes", self.fused_lanes, integer=True)
+        if self.fused_backend is not None and not isinstance(self.fused_backend, str):
+            raise ValueError(
+                "Kernels: fused_backend must be a backend's name (e.g. 'triton') or None, got "
+                f"{self.fused_backend!r}."
+            )
         for field in ("densify_density", "densify_pair_ratio"):
             _check_number("Kernels", field, getattr(self, field), zero=True)
         _check_range("Kernels", "folded_diagonal_rows", self.folded_diagonal_rows, low=0)

@@ -121,6 +121,16 @@ def launches(monkeypatch):
     return seen
 
 
+def reverse_of(problem, offsets, lanes="auto"):
+    """The backward plan's reverse step (with the outputs' cotangents or without), its kernel
+    planned within the default envelope."""
+    made = fused_backward.plan(problem, KERNELS, "auto", lanes)
+    assert made.reverse(offsets).loop is not None and not isinstance(
+        made.reverse(offsets).loop, str
+    )
+    return made.reverse(offsets)
+
+
 def problem_of(name, hidden=20, xs=None, dtype=jnp.float32):
     cell, params, init, output = CELLS[name](hidden)
     xs = xs_of() if xs is None else xs
@@ -178,15 +188,10 @@ def test_independent_lanes_run_in_tiles(name, hidden, tiles, launches):
     actual, expected = gradients(name, xs_of(5), reverse=True, forward="fused", hidden=hidden)
     assert_close(actual, expected)
     assert set(launches) == {(True, 5)}
-    made = fused_backward.plan(problem_of(name, hidden), offsets=True, kernels=KERNELS)
-    assert made.reason is None and (made.tiled.tile, made.tiled.count) == (128, tiles)
+    made = reverse_of(problem_of(name, hidden), offsets=True)
+    assert (made.loop.tiled.tile, made.loop.tiled.count) == (128, tiles)
     one = bppsa.FusedSequential(lanes=None)
-    assert (
-        fused_backward.plan(
-            problem_of(name, hidden), offsets=True, kernels=KERNELS, lanes=None
-        ).tiled
-        is None
-    )
+    assert reverse_of(problem_of(name, hidden), offsets=True, lanes=None).loop.tiled is None
     assert repr(one) == "FusedSequential(lanes=None)"
 
 
@@ -229,20 +234,20 @@ def test_the_loop_runs_only_the_cotangents_cone():
     one product with ``W_hh`` and adds what the output sends. The GRU: four scalings, three
     (20, 20) products and their sums, no move (slice, split) of the cotangent; the LSTM (a
     pytree carry): five scalings fewer than JAX's VJP has."""
-    made = fused_backward.plan(problem_of("rnn"), offsets=True, kernels=KERNELS)
-    names = [e.primitive.name for e in made.reverse.recurrence]
+    made = reverse_of(problem_of("rnn"), offsets=True).split
+    names = [e.primitive.name for e in made.recurrence]
     assert names == ["mul", "dot_general", "add"]
-    assert [v.aval.shape for v in made.reverse.constant_residuals] == [(20, 20)]
-    assert [v.aval.shape for v in made.reverse.step_residuals] == [(20,), (20,)]
-    made = fused_backward.plan(problem_of("gru"), offsets=False, kernels=KERNELS)
-    names = [e.primitive.name for e in made.reverse.recurrence]
+    assert [v.aval.shape for v in made.constant_residuals] == [(20, 20)]
+    assert [v.aval.shape for v in made.step_residuals] == [(20,), (20,)]
+    made = reverse_of(problem_of("gru"), offsets=False).split
+    names = [e.primitive.name for e in made.recurrence]
     assert names.count("mul") == 4 and len(names) == 10
-    dots = [e for e in made.reverse.recurrence if e.primitive.name == "dot_general"]
+    dots = [e for e in made.recurrence if e.primitive.name == "dot_general"]
     assert [e.outvars[0].aval.shape for e in dots] == [(20,)] * 3
-    made = fused_backward.plan(problem_of("lstm"), offsets=False, kernels=KERNELS)
+    made = reverse_of(problem_of("lstm"), offsets=False).split
     # JAX's own VJP of the LSTM step differs by version: 16 after folding on JAX 0.10, 14 on
     # JAX 0.12.
-    assert len(made.reverse.recurrence) <= 16
+    assert len(made.recurrence) <= 16
 
 
 def test_folded_scalings_keep_the_values():

@@ -31,7 +31,7 @@ from bppsa.models import (
 from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import SequentialForward
 from bppsa.scan._core.fused import forward as fused_forward
-from bppsa.scan._core.fused import kernel, lanes, lowering, padded
+from bppsa.scan._core.fused import kernel, lanes, padded, triton
 from bppsa.scan._core.fused.forward import Fused
 from bppsa.scan._core.fused.jaxprs import flat_jaxpr
 from bppsa.scan._core.problem import prepare
@@ -142,7 +142,7 @@ CELLS = {
 
 def fused_plan(body, init, xs):
     problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-    return Fused()._plan(problem, bppsa.Kernels()), Fused().why_not(problem)
+    return Fused().prepare(problem), Fused().why_not(problem)
 
 
 # ---- values ----------------------------------------------------------------------------------
@@ -287,8 +287,8 @@ def test_lanes_that_mix_are_not_split():
     assert fused_plan(body, init, xs)[0].tiled is None
     body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)
     problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-    assert Fused(lanes=None)._plan(problem, bppsa.Kernels()).tiled is None
-    assert Fused(lanes=64)._plan(problem, bppsa.Kernels()).tiled.count == 5
+    assert Fused(lanes=None).prepare(problem).tiled is None
+    assert Fused(lanes=64).prepare(problem).tiled.count == 5
     with pytest.raises(ValueError, match="lanes must be a positive int"):
         Fused(lanes=0)
 
@@ -352,8 +352,8 @@ def test_a_planted_mask_leak_fails(monkeypatch):
 
 
 def test_the_lowering_table_is_read():
-    assert lowering._NAMES is not None and lowering.has_rule("tanh")
-    assert not lowering.has_rule("cumsum_of_nothing")
+    assert triton._RULES is not None and triton.has_rule("tanh")
+    assert not triton.has_rule("cumsum_of_nothing")
     assert "fused" not in tracing.problems()
 
 

@@ -25,7 +25,8 @@ from bppsa.models import (
     magnitude_prune,
     vgg11,
 )
-from bppsa.scan._core.options import Options, ambient
+from bppsa.scan._core.asked import options_from
+from bppsa.scan._core.options import ambient
 from tests.helpers import RTOL, assert_trees_close, relative_errors, spread
 
 # float32: the scan sums the products of up to ~10 layers' Jacobians in another order than
@@ -361,7 +362,7 @@ def test_forward_mode_through_the_chain_equals_dense_autodiff(x64, method):
             "hessian": jax.hessian(f)(weight, x),
         }
 
-    with ambient(Options.make(method=method)), bppsa.trace_plans() as plans:
+    with ambient(options_from(method=method)), bppsa.trace_plans() as plans:
         actual = transforms(chain.apply, params[0]["weight"], x)
     assert plans and all(plan.requested == method for plan in plans)
     assert_trees_close(actual, transforms(chain.forward, params[0]["weight"], x), jnp.float64)

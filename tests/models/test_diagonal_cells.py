@@ -251,10 +251,10 @@ def check_gradients(name, method, length, reverse):
     assert plans, "no bppsa.scan was traced"
     for plan in plans:
         if isinstance(method, bppsa.Auto):  # whatever it picked, it must scan the Jacobians
-            assert plan.method.uses_jacobians, plan.method
+            assert plan.method.keeps_carries, plan.method
         else:
             assert plan.method == resolve(method), (plan.method, method)
-        assert plan.backward == (plan.method if plan.method.uses_jacobians else None)
+        assert plan.backward == (plan.method if plan.method.keeps_carries else None)
         # "analytic", or with the structure the scan keeps: "analytic, diagonal", ...
         kind, _, structure = plan.jacobians.partition(", ")
         assert kind == "analytic" and structure in ("", STRUCTURE[name]), plan.jacobians

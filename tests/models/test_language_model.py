@@ -89,7 +89,7 @@ def test_parallel_gradients_equal_back_propagation(case, x64):
         actual = jax.jit(grad)(*args)
     assert len(plans) == L  # one scan per block
     for plan in plans:
-        assert plan.requested == method and plan.method.uses_jacobians, plan
+        assert plan.requested == method and plan.method.keeps_carries, plan
         assert plan.jacobians.startswith("analytic") and plan.length == T and plan.batch == B
     assert_trees_close(actual, expected, jnp.float64)
 

@@ -156,10 +156,12 @@ def test_the_cpu_default_asks_nothing_of_the_kernel(monkeypatch):
     plan, text = rnn_grad(64)
     assert isinstance(plan.method, bppsa.Blocked)
 
-    def refuse(self, problem):
+    def refuse(self, problem, profile=None):
         raise AssertionError("the kernel was asked on the CPU's profile")
 
-    monkeypatch.setattr(bppsa.FusedSequential, "why_not", refuse)
-    monkeypatch.setattr(decision, "checked_footprint", lambda problem, profile: problem.footprint)
+    monkeypatch.setattr(bppsa.FusedSequential, "prepare", refuse)
+    monkeypatch.setattr(
+        decision, "checked_footprint", lambda problem, profile, prepare=None: problem.footprint
+    )
     assert rnn_grad(64) == (plan, text)
     assert cost.footprint_of(64, H, B, H).fused_backward == NOT_CHECKED

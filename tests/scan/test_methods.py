@@ -57,9 +57,9 @@ def test_wrong_type_is_a_type_error():
 
 
 def test_only_sequential_default_skips_jacobians():
-    assert not Sequential().uses_jacobians
-    assert SequentialScan().uses_jacobians
-    assert Blelloch().uses_jacobians
+    assert not Sequential().keeps_carries
+    assert SequentialScan().keeps_carries
+    assert Blelloch().keeps_carries
 
 
 @pytest.mark.parametrize("chunks", [0, -2, 2.5, "4"])
@@ -115,7 +115,7 @@ def test_auto_on_cpu_shrinks_blocks_with_the_batch_then_back_propagates():
     assert Auto().choose(1000, 40, "cpu", batch=1, element=1600, inputs=38) == Sequential()
     # Accelerators run the parallel scan at any batch; the backward-time choice never is BP.
     assert Auto().choose(1000, 20, "gpu", batch=256, element=80) == Blelloch()
-    assert Auto().choose(1000, 20, "cpu", batch=256, element=80, jacobians=True).uses_jacobians
+    assert Auto().choose(1000, 20, "cpu", batch=256, element=80, jacobians=True).keeps_carries
 
 
 PAPER_T = [100, 300, 1000, 3000, 10_000, 30_000]
@@ -131,7 +131,7 @@ def test_auto_on_accelerators_goes_parallel_for_the_papers_cells(element):
             Chunked(),
         ), length
     for batch in PAPER_B:
-        assert Auto().choose(1000, 20, "gpu", batch=batch, element=element).uses_jacobians, batch
+        assert Auto().choose(1000, 20, "gpu", batch=batch, element=element).keeps_carries, batch
 
 
 def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
@@ -144,7 +144,7 @@ def test_auto_on_accelerators_back_propagates_large_cells_and_says_why():
     small = Auto().predictions(10_000, 20, "gpu", batch=16, element=20)
     assert min(small, key=small.get) == Auto().choose(10_000, 20, "gpu", batch=16, element=20)
     # the backward-time choice never is BP
-    assert Auto().choose(1000, 1024, "gpu", batch=256, jacobians=True).uses_jacobians
+    assert Auto().choose(1000, 1024, "gpu", batch=256, jacobians=True).keeps_carries
 
 
 def test_auto_sees_the_features_per_step_of_a_scan():

@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 
 from bppsa.scan._core import debug, plans, vjp
+from bppsa.scan._core.asked import options_from
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.decision import decide
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method, Policy, as_policy, resolve
 from bppsa.scan._core.methods.auto import checked_footprint
-from bppsa.scan._core.options import Options, current
+from bppsa.scan._core.options import current
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._precision import Precision
@@ -161,7 +162,7 @@ def scan(
         >>> bppsa.grad(loss, method="blelloch")(w).shape
         (3, 3)
     """
-    options = Options.make(
+    options = options_from(
         method,
         memory_limit,
         check_finite,

@@ -101,6 +101,7 @@ class AutoForward:
     """
 
     name: ClassVar[str] = "auto"
+    kernel: ClassVar[Fused] = Fused()  # the fused forward it considers
 
     def forward_for(
         self,
@@ -114,7 +115,7 @@ class AutoForward:
         ``solver`` for Newton's recurrences (``None``: none fits the scan's memory limit), on
         ``profile``, and why (see the module docstring); ``fused``: why the fused kernel
         cannot run the scan (``None``: it can; :meth:`bppsa.Fused.why_not`)."""
-        if not method.uses_jacobians:
+        if not method.keeps_carries:
             why = "the backward is plain back-propagation, which differentiates lax.scan"
             return SEQUENTIAL, why
         if profile.measured_rules:

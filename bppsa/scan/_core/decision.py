@@ -30,27 +30,18 @@ import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bppsa.scan import _kernels
 from bppsa.scan._core import fallback
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
-from bppsa.scan._core.fused import Fused
 from bppsa.scan._core.memory import MemoryLimitError
-from bppsa.scan._core.methods import (
-    Auto,
-    Blocked,
-    FusedSequential,
-    Method,
-    Policy,
-    Sequential,
-    as_policy,
-)
+from bppsa.scan._core.methods import Auto, Method, Policy, Sequential, as_policy
 from bppsa.scan._core.methods.auto import checked_footprint
+from bppsa.scan._core.methods.base import because
 from bppsa.scan._core.methods.policy import ChainWork, bytes_allowed, guard
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._core.newton import Newton
 from bppsa.scan._core.options import Options
 from bppsa.scan._core.profiles import profile_of
 from bppsa.scan._precision import Precision
@@ -82,9 +73,12 @@ class Decision:
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, or the refusal of a method that cannot apply
             the step's ``jax.custom_vjp`` rules exactly, raised where the backward is traced.
-        backward_because: why ``FusedSequential()``'s reverse loop (alone or in
-            ``Blocked``) does not run in its kernel (:meth:`~bppsa.FusedSequential.why_not` on
-            the profile; ``None``: it does, or the backward is another method).
+        backward_because: why the backward's kernel (``FusedSequential()``'s reverse loop,
+            alone or in ``Blocked``) does not run the scan (its ``prepare`` on the profile;
+            ``None``: it does, or the backward has no kernel).
+        forward_prepared, backward_prepared: what the forward's and the backward's
+            ``prepare`` made for this scan (a kernel's plan; ``None``: nothing), handed to
+            them when they run: nothing is planned again.
     """
 
     requested: Method | Policy
@@ -99,6 +93,8 @@ class Decision:
     check_finite: bool
     memory_error: MemoryLimitError | ValueError | None = None
     backward_because: str | None = None
+    forward_prepared: Any = None
+    backward_prepared: Any = None
 
     @property
     def kernels(self) -> Kernels:
@@ -110,7 +106,7 @@ class Decision:
         """Whether the scan is ``lax.scan`` itself, differentiated by JAX (not where its
         backward does not fit the memory limit: the library's derivative rules raise it)."""
         return (
-            not self.method.uses_jacobians and self.forward.sequential and self.memory_error is None
+            not self.method.keeps_carries and self.forward.sequential and self.memory_error is None
         )
 
     def backward_method(self) -> Method:
@@ -121,8 +117,13 @@ class Decision:
             ValueError: it cannot apply the step's ``jax.custom_vjp`` rules exactly.
         """
         if self.backward is None:
+            assert self.memory_error is not None
             raise self.memory_error
         return self.backward
+
+    def run_forward(self, problem: Problem, consts, init, xs, *, keep: bool):
+        """The forward, with what it prepared (see :class:`~bppsa.scan._core.forward.Forward`)."""
+        return self.forward(problem, consts, init, xs, keep=keep, prepared=self.forward_prepared)
 
     @contextlib.contextmanager
     def library(self) -> Iterator[None]:
@@ -143,15 +144,23 @@ def _asked(options: Options) -> tuple[Method | Policy, Policy, Profile]:
 
 def decide(problem: Problem, options: Options) -> Decision:
     """The decision for the scan ``problem`` with ``options`` (its own over the enclosing
-    :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, and
-    whether the forward's Jacobians go to the backward."""
+    :func:`bppsa.grad`'s): the policy's method within the memory limit, the forward, whether
+    the forward's Jacobians go to the backward, and what the forward and the backward prepared
+    (each method's and forward's ``prepare``, called at most once per scan)."""
     requested, policy, profile = _asked(options)
+    prepare = _Preparations(problem, profile)
     opaque = () if options.linear_vjp else problem.opaque_rules
     if opaque and isinstance(requested, Policy):  # back-propagation applies any rule exactly
         policy = as_policy(Sequential())
-    fp, limit = checked_footprint(problem, profile), options.memory_limit
+    fp, limit = checked_footprint(problem, profile, prepare), options.memory_limit
+    # The choices a method or forward leaves to the scan, by the scan's policy (Auto() where a
+    # method was asked for): Sharded()'s local method, Newton's solver.
+    chooser = requested if isinstance(requested, Policy) else Auto()
+    if not isinstance(requested, Policy):
+        policy = as_policy(requested.resolved(fp, chooser, profile))
     check_finite = bool(options.check_finite)
-    error = None
+    error: MemoryLimitError | ValueError | None = None
+    backward: Method | None
     try:
         method = backward = policy.scan_method(fp, limit, profile=profile, jacobians=check_finite)
     except MemoryLimitError as err:  # the forward runs; the backward's trace raises
@@ -159,33 +168,28 @@ def decide(problem: Problem, options: Options) -> Decision:
         backward, error = None, err
     asked = options.forward or AutoForward()
     forward_because = None
+    forward: Forward
     if isinstance(asked, AutoForward) and opaque:
         forward, forward_because = SEQUENTIAL, f"{_rules_of(opaque)}: back-propagation"
     elif isinstance(asked, AutoForward):
-        solver = backward if backward is not None and backward.uses_jacobians else None
-        fused = None if profile.measured_rules else Fused().why_not(problem, profile)
-        forward, forward_because = asked.forward_for(fp, method, solver, profile, fused)
-    elif isinstance(asked, Fused) and (reason := asked.why_not(problem, profile)) is not None:
-        forward, forward_because = SEQUENTIAL, f"the fused kernel: {reason}"
-        fallback.warn(f"forward={asked!r}", "lax.scan", forward_because)
-    elif isinstance(asked, Newton) and not isinstance(asked.solver, Method):
-        # Newton's own question: the solver of its recurrences (its footprint differs with
-        # quasi), by the scan's policy, or Auto() where a method was asked for the backward:
-        # independent of the backward's method. Picked here so that the plan shows it.
-        forward = asked
-        if asked.iterates(problem):
-            chooser = requested if isinstance(requested, Policy) else Auto()
-            forward = dataclasses.replace(asked, solver=asked.solver_for(fp, chooser, profile))
+        solver = backward if backward is not None and backward.keeps_carries else None
+        kernel = None if profile.measured_rules else because(prepare(asked.kernel))
+        forward, forward_because = asked.forward_for(fp, method, solver, profile, kernel)
     else:
-        forward = asked
-    if not method.uses_jacobians and not forward.sequential:
+        forward = asked.resolved(problem, fp, chooser, profile)
+        reason = prepare(forward)
+        if isinstance(reason, str):  # its kernel cannot run the scan: lax.scan runs it
+            forward_because = f"the {forward.name} kernel: {reason}"
+            fallback.warn(f"forward={asked!r}", "lax.scan", forward_because)
+            forward = SEQUENTIAL
+    if not method.keeps_carries and not forward.sequential:
         # lax.scan's own derivatives need lax.scan's forward: back-propagate through the other
         # forward's trajectory with the sequential scan over the Jacobians instead.
         try:
             backward, error = guard(SequentialScan(), fp, limit, profile=profile), None
         except MemoryLimitError as err:
             backward, error = None, err
-    if opaque and (method.uses_jacobians or not forward.sequential):
+    if opaque and (method.keeps_carries or not forward.sequential):
         backward, error = None, _refusal(opaque, method, options.forward)
     shares = (
         backward is not None
@@ -193,9 +197,9 @@ def decide(problem: Problem, options: Options) -> Decision:
         and backward.supports.forward_jacobians
         and backward.memory(fp) + fp.bytes(fp.length * fp.element) <= bytes_allowed(limit)
     )
+    backward_prepared = None if backward is None else prepare(backward)
     backward_because = None
-    loop = _fused_loop(backward)
-    if loop is not None and (reason := loop.why_not(problem, profile)):
+    if (reason := because(backward_prepared)) is not None:
         backward_because = f"the fused kernel: {reason}"
         if not isinstance(requested, Policy):  # asked for, not Auto()'s choice
             fallback.warn(f"method={requested!r}", "its loop outside the kernel", backward_because)
@@ -212,7 +216,23 @@ def decide(problem: Problem, options: Options) -> Decision:
         check_finite=check_finite,
         memory_error=error,
         backward_because=backward_because,
+        forward_prepared=None if forward.sequential else prepare(forward),
+        backward_prepared=backward_prepared,
     )
+
+
+class _Preparations:
+    """``prepare(method_or_forward)``: its ``prepare(problem, profile)``, made at most once
+    for one decision (a policy's check of a kernel and the run of the one it picks share it)."""
+
+    def __init__(self, problem: Problem, profile: Profile):
+        self.problem, self.profile = problem, profile
+        self.made: dict[Method | Forward, Any] = {}
+
+    def __call__(self, what: Method | Forward) -> Any:
+        if what not in self.made:
+            self.made[what] = what.prepare(self.problem, self.profile)
+        return self.made[what]
 
 
 def _rules_of(opaque: tuple[str, ...]) -> str:
@@ -228,7 +248,7 @@ def _refusal(opaque: tuple[str, ...], method: Method, forward) -> ValueError:
     ``jax.custom_vjp`` functions (``opaque``) not declared linear."""
     how = (
         f"method={method!r} forms"
-        if method.uses_jacobians
+        if method.keeps_carries
         else f"with forward={forward!r}, the backward forms"
     )
     return ValueError(
@@ -240,13 +260,6 @@ def _refusal(opaque: tuple[str, ...], method: Method, forward) -> ValueError:
         "straight-through estimator, a scaled or negated gradient), say so with "
         "linear_vjp=True (on bppsa.scan or bppsa.grad) and any method runs it."
     )
-
-
-def _fused_loop(method: Method | None) -> FusedSequential | None:
-    """``FusedSequential()``'s loop where ``method`` runs it (itself, or in time blocks)."""
-    if isinstance(method, Blocked):
-        method = method.method
-    return method if isinstance(method, FusedSequential) else None
 
 
 def decide_chain(work: Callable[[], ChainWork], options: Options) -> Decision:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from jax import lax
 
 if TYPE_CHECKING:
+    from bppsa.scan._core.memory import Footprint
     from bppsa.scan._core.problem import Problem
+    from bppsa.scan._profile import Profile
 
 
 class Forward(abc.ABC):
@@ -27,16 +29,28 @@ class Forward(abc.ABC):
 
     @abc.abstractmethod
     def __call__(
-        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool
+        self, problem: Problem, consts: list, init: Any, xs: Any, *, keep: bool, prepared=None
     ) -> tuple[Any, Any]:
         """Runs the steps of ``problem`` (``problem.body.step(carry, x, *consts) -> (carry, y,
         ...)``) over ``xs`` (time order). What a forward needs besides (Newton's solver of its
-        linear recurrences) is its own setting, not the backward's.
+        linear recurrences) is its own setting, not the backward's; ``prepared`` is what its
+        :meth:`prepare` made for the scan (the scan's decision hands it over).
 
         Returns:
             ``(final carry, ys)``, or with ``keep``: ``(final carry, (ys, carries_before))``,
             where ``carries_before[t]`` is the carry that entered step ``t``.
         """
+
+    def resolved(self, problem: Problem, fp: Footprint, policy: Any, profile: Profile) -> Forward:
+        """This forward with the choices it leaves to the scan made by the scan's ``policy`` on
+        ``profile`` (Newton's solver); most forwards leave none."""
+        return self
+
+    def prepare(self, problem: Problem, profile: Profile | None = None) -> Any:
+        """What this forward prepares for ``problem`` on ``profile`` (a kernel's plan), made
+        once by the scan's decision; a string: why its kernel cannot run the scan (the scan
+        then runs ``lax.scan``). ``None``: nothing to prepare."""
+        return None
 
     def forms_jacobians(self, problem: Problem) -> bool:
         """Whether this forward forms the Jacobians of ``problem``'s steps (Newton's
@@ -64,7 +78,7 @@ class SequentialForward(Forward):
     name: ClassVar[str] = "sequential"
     sequential: ClassVar[bool] = True
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, prepared=None):
         return run_sequentially(
             problem.body.step, consts, init, xs, problem.length, keep, unroll=problem.unroll
         )

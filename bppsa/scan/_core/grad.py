@@ -9,9 +9,10 @@ from typing import Any
 import jax
 
 from bppsa.scan._core import debug, tracing
+from bppsa.scan._core.asked import options_from
 from bppsa.scan._core.forward import Forward
 from bppsa.scan._core.methods import Method, Policy
-from bppsa.scan._core.options import Options, ambient
+from bppsa.scan._core.options import ambient
 from bppsa.scan._precision import Precision
 
 
@@ -88,7 +89,7 @@ def value_and_grad(
         >>> [plan.method for plan in plans]
         [Blelloch(), Sequential()]
     """
-    options = Options.make(
+    options = options_from(
         method,
         memory_limit,
         check_finite,

@@ -67,11 +67,11 @@ def apply(chain, params, x, masks):
     plan = plans.record(
         requested=decision.requested,
         method=method,
-        jacobians="sparse" if method.uses_jacobians else "autodiff",
+        jacobians="sparse" if method.keeps_carries else "autodiff",
         length=len(chain),
         batch=x.shape[0],
     )
-    if not method.uses_jacobians:  # plain back-propagation: JAX differentiates the forward
+    if not method.keeps_carries:  # plain back-propagation: JAX differentiates the forward
         return chain.forward(params, x, masks=masks)
     static, traced = _split_masks(chain, masks)
     run = _differentiable(chain, static, decision, plan)
@@ -130,7 +130,7 @@ def estimate_memory(
     method = policy.chain_method(
         lambda: _work(chain, params, x, maps), profile=policy.profile_or(profile_of())
     )
-    if not method.uses_jacobians:
+    if not method.keeps_carries:
         shapes = chain.shapes(tuple(x.shape[1:]), params)
         return _itemsize(x) * x.shape[0] * 3 * sum(math.prod(s) for s in shapes)
     return _footprint_bytes(maps, inputs, chain_levels(method))

@@ -201,7 +201,15 @@ class Newton(Forward):
         cell whose Jacobians are dense: see :mod:`bppsa.scan._core.diagonal_paths`)."""
         return self.quasi and problem.quasi_structure is not None
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def resolved(self, problem, fp, policy, profile):
+        """With its solver, where unset, picked by the scan's ``policy`` (its footprint differs
+        with ``quasi``), independent of the backward's method; picked by the decision so that
+        the plan shows it."""
+        if isinstance(self.solver, Method) or not self.iterates(problem):
+            return self
+        return dataclasses.replace(self, solver=self.solver_for(fp, policy, profile))
+
+    def __call__(self, problem, consts, init, xs, *, keep, prepared=None):
         return self._run(problem, consts, init, xs, keep=keep, jacobians=False)
 
     def with_jacobians(self, problem, consts, init, xs):
@@ -219,7 +227,7 @@ class Newton(Forward):
                 raise ValueError("Newton: no Jacobians to share for a scan without a carry.")
             return run_sequentially(problem.body.step, consts, init, xs, length, keep)
         solver = self.solver
-        if not isinstance(solver, Method) or not solver.uses_jacobians:
+        if not isinstance(solver, Method) or not solver.keeps_carries:
             raise ValueError(  # the scan's decision picks one (bppsa.scan._core.decision)
                 f"Newton: the forward runs with a solver that scans the Jacobians, got {solver!r}."
             )

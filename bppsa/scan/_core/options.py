@@ -1,7 +1,9 @@
 """What a scan's backward pass is asked for, and how :func:`bppsa.grad`'s settings reach it.
 
 One frozen (hashable) :class:`Options` holds the method, the memory limit, the finiteness
-check, the forward pass and the precision of the library's own products. :func:`bppsa.grad`
+check, the forward pass and the precision of the library's own products: plain values, the
+names already resolved at the front door (:func:`bppsa.scan._core.asked.options_from`), so that
+this module imports no method nor forward. :func:`bppsa.grad`
 sets it for the scans traced inside it with :func:`ambient`, through a JAX configuration state
 that keys ``jax.jit``'s cache (see :mod:`bppsa.scan._core.tracing`), so a ``fun`` that was
 jitted before being passed to ``bppsa.grad`` is traced again for other options instead of
@@ -15,16 +17,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bppsa.scan import _precision
 from bppsa.scan._core import tracing
-from bppsa.scan._core.auto_forward import AutoForward
-from bppsa.scan._core.forward import Forward
-from bppsa.scan._core.forwards import resolve_forward
-from bppsa.scan._core.methods.base import Method
-from bppsa.scan._core.methods.policy import Policy
-from bppsa.scan._core.methods.resolve import resolve
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.auto_forward import AutoForward
+    from bppsa.scan._core.forward import Forward
+    from bppsa.scan._core.methods.base import Method
+    from bppsa.scan._core.methods.policy import Policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,30 +56,6 @@ class Options:
     forward: Forward | AutoForward | None = None
     precision: _precision.Precision | None = None
     linear_vjp: bool | None = None
-
-    @classmethod
-    def make(
-        cls,
-        method=None,
-        memory_limit=None,
-        check_finite=None,
-        forward=None,
-        precision=None,
-        check_structure=None,
-        linear_vjp=None,
-    ) -> Options:
-        """Validated options from user arguments (method and forward names are resolved here)."""
-        return cls(
-            method=None if method is None else resolve(method),
-            memory_limit=check_limit(memory_limit),
-            check_finite=None if check_finite is None else check_bool(check_finite),
-            check_structure=(
-                None if check_structure is None else check_bool(check_structure, "check_structure")
-            ),
-            forward=None if forward is None else resolve_forward(forward),
-            precision=None if precision is None else _precision.canonical(precision),
-            linear_vjp=None if linear_vjp is None else check_bool(linear_vjp, "linear_vjp"),
-        )
 
     def over(self, outer: Options) -> Options:
         """These options, with the unset fields taken from ``outer``."""

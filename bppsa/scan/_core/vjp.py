@@ -71,7 +71,7 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
             if decision.shares_jacobians:  # and the steps' Jacobians there, for the backward
                 carry, (ys, before, jac_t) = forward.with_jacobians(problem, consts, init, xs)
                 return carry, ys, before, jac_t
-            carry, (ys, before) = forward(problem, consts, init, xs, keep=True)
+            carry, (ys, before) = decision.run_forward(problem, consts, init, xs, keep=True)
         return carry, ys, before
 
     def primal(consts, init, xs):  # a scan that is only run (a derivative takes evaluate)
@@ -270,7 +270,15 @@ class _Setup:
             self.plan.forward_jacobians = jac_t is not None
         given = {} if jac_t is None else {"jacobians": jac_t}
         g_first, ct_consts, ct_xs, flags = method.backward(
-            problem, consts, before, xs, g_last, ct_ys, check=self.check_finite, **given
+            problem,
+            consts,
+            before,
+            xs,
+            g_last,
+            ct_ys,
+            check=self.check_finite,
+            prepared=self.decision.backward_prepared,
+            **given,
         )
         if self.check_finite:
             debug.report(flags, g_last, problem.reverse)
@@ -283,8 +291,8 @@ def _checked_forward(decision: Decision, problem: Problem, consts, init, xs):
     """The forward's ``(carry, ys)``; with ``check_finite``, its steps are checked too (see
     :func:`bppsa.scan._core.debug.check_forward`)."""
     if not decision.check_finite:
-        return decision.forward(problem, consts, init, xs, keep=False)
-    carry, (ys, before) = decision.forward(problem, consts, init, xs, keep=True)
+        return decision.run_forward(problem, consts, init, xs, keep=False)
+    carry, (ys, before) = decision.run_forward(problem, consts, init, xs, keep=True)
     debug.check_forward(init, before, carry, ys, problem.reverse)
     return carry, ys
 

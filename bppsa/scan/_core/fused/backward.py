@@ -17,19 +17,20 @@ step ``t``'s output ``y_t`` sends to its carry). Nothing forms ``J_t``:
    product (:mod:`~bppsa.scan._core.fused.factors`);
 3. that loop runs from ``t = T - 1`` down to ``0`` in one kernel
    (:func:`~bppsa.scan._core.fused.kernel.carries_after`, ``reverse=True``): the cotangent on
-   chip, the per-step factors streamed in, every ``g_t`` streamed out. On the CPU the kernel runs
-   in Pallas' interpreter; on platforms without Pallas, or where the kernel cannot run the
-   reverse step (:func:`why_not`: within the envelope of the profile's
-   :class:`~bppsa.scan._profile.Kernels`, as for the fused forward), the same reverse step
-   runs in ``lax.scan``.
+   chip, the per-step factors streamed in, every ``g_t`` streamed out, on the profile's backend
+   (:mod:`~bppsa.scan._core.fused.dispatch`; on the CPU in Pallas' interpreter); on other
+   platforms, or where the kernel cannot run the reverse step (:attr:`Plan.reason`: within the
+   envelope of the profile's :class:`~bppsa.scan._profile.Kernels`, as for the fused forward),
+   the same reverse step runs in ``lax.scan``.
 
-A reverse step the tracer cannot build (:func:`plan`'s reason string) is left to the caller.
+:func:`plan` builds all of it once (both reverse steps, with and without the outputs'
+cotangents, and their kernels, abstractly), for the scan's decision to carry; a reverse step the
+tracer cannot build (:func:`plan`'s reason string) is left to the caller.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import TYPE_CHECKING
 
 import jax
@@ -37,11 +38,12 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Literal
 
-from bppsa.scan._core.fused import forward as fused_forward
+from bppsa.scan._core.fused import dispatch
+from bppsa.scan._core.fused.backend import CANNOT
 from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.lanes import LANES, Tiled, split_lanes
+from bppsa.scan._core.fused.plan import Loop, plan_loop
 from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
 
 if TYPE_CHECKING:
@@ -53,96 +55,97 @@ KERNEL_NAME = "bppsa_fused_backward"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Reverse:
+    """The reverse step of a scan's step, split, and how its loop runs.
+
+    Attributes:
+        split: ``(g_after, (carry, step residuals, offsets), constant residuals) -> g_before``
+            over the float carry leaves (``offsets`` only where the outputs send cotangents).
+        loop: the kernel's plan for it, or why the kernel cannot run it (then ``lax.scan``
+            runs the same reverse step).
+    """
+
+    split: Split
+    loop: Loop | str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Plan:
-    """A scan's step and its reverse step, split.
+    """A scan's step and its reverse steps, split and planned: what the backward runs.
 
     Attributes:
         step: the step's split (its carry cone and what is hoisted out of it).
-        reverse: the reverse step's split: ``(g_after, (carry, step residuals, offsets),
-            constant residuals) -> g_before`` over the float carry leaves (``offsets`` only
-            where the outputs send cotangents).
         float_mask: which carry leaves get cotangents.
-        reason: why the kernel cannot run the reverse step (then ``lax.scan`` runs it), or
-            ``None``.
-        tiled: the reverse step for one tile of the carry's lanes where they are independent
-            (:mod:`~bppsa.scan._core.fused.lanes`: the kernel runs a program per tile), or
-            ``None``: one program per example.
+        with_offsets, without_offsets: the reverse step where the outputs send cotangents to
+            the carries and where they send none.
     """
 
     step: Split
-    reverse: Split
     float_mask: tuple[bool, ...]
-    reason: str | None
-    tiled: Tiled | None = None
+    with_offsets: Reverse
+    without_offsets: Reverse
 
+    def reverse(self, offsets: bool) -> Reverse:
+        return self.with_offsets if offsets else self.without_offsets
 
-_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    @property
+    def reason(self) -> str | None:
+        """Why the kernel cannot run the reverse loop (``None``: it can), for outputs that
+        send cotangents to the carries."""
+        loop = self.with_offsets.loop
+        return loop if isinstance(loop, str) else None
 
 
 def plan(
-    problem: Problem, *, offsets: bool, kernels: Kernels, lanes: int | None = LANES
+    problem: Problem, kernels: Kernels, num_warps: int | str, lanes: int | str | None
 ) -> Plan | str:
-    """The split step and reverse step of ``problem`` (one example's shapes), or why they
-    cannot be built. ``offsets``: whether the outputs send cotangents to the carries;
-    ``kernels``: whose envelope bounds the kernel (:attr:`Plan.reason`); ``lanes``: lanes per
-    program where the carry's lanes are independent (``None``: one program per example)."""
-    plans = _PLANS.setdefault(problem, {})
-    key = (offsets, lanes, fused_forward.envelope(kernels))  # other limits: another plan
-    if key not in plans:
-        plans[key] = _make_plan(problem, offsets, kernels, lanes)
-    return plans[key]
-
-
-def why_not(problem: Problem, kernels: Kernels, lanes: int | None = LANES) -> str | None:
-    """Why the kernel cannot run ``problem``'s backward loop within the envelope of
-    ``kernels`` (``None``: it can), for outputs that send cotangents to the carries."""
-    made = plan(problem, offsets=True, kernels=kernels, lanes=lanes)
-    return made if isinstance(made, str) else made.reason
+    """The split step and reverse steps of ``problem`` (one example's shapes) and their loops
+    on the backend of ``kernels`` (``num_warps``, ``lanes``: as for
+    :func:`~bppsa.scan._core.fused.plan.plan_loop`), or why the reverse step cannot be traced
+    (the backward is then another method's)."""
+    if problem.length < 1:
+        return "an empty scan (length 0)"
+    try:
+        forward, _ = split_scan_step(problem, rules=True)  # differentiated: rules kept
+        mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
+        reverses = [_reverse(forward, mask, offsets) for offsets in (True, False)]
+    except CANNOT as err:  # the caller falls back
+        return f"the reverse step could not be traced: {type(err).__name__}: {err}"
+    planned = [
+        Reverse(split, _plan_loop(split, problem.length, kernels, num_warps, lanes))
+        for split in reverses
+    ]
+    return Plan(forward, mask, *planned)
 
 
 def _avals(variables) -> list:
     return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
 
 
-def _make_plan(problem: Problem, offsets: bool, kernels: Kernels, lanes: int | None) -> Plan | str:
-    if problem.length < 1:
-        return "an empty scan (length 0)"
-    try:
-        forward, _ = split_scan_step(problem, rules=True)  # differentiated: rules kept
-        mask = tuple(jnp.issubdtype(v.aval.dtype, jnp.inexact) for v in forward.carry_in)
-        floats = [v for v, f in zip(forward.carry_in, mask) if f]
-        x = _avals([*forward.carry_in, *forward.step_residuals])
-        x += _avals(floats) if offsets else []
-        g, k = _avals(floats), _avals(forward.constant_residuals)
-        reverse_step = _folded(_reverse_step(forward, mask, offsets), g, x, k)
-        reverse = split_step(reverse_step, g, x, k)
-    except Exception as err:  # any failure of the tracing: the caller falls back
-        return f"the reverse step could not be traced: {type(err).__name__}: {err}"
-    tiled = split_lanes(reverse, lanes)
-    reason = _kernel_problem(reverse, problem.length, kernels, tiled)
-    return Plan(forward, reverse, mask, reason, tiled)
+def _reverse(forward: Split, mask: tuple[bool, ...], offsets: bool) -> Split:
+    floats = [v for v, f in zip(forward.carry_in, mask) if f]
+    x = _avals([*forward.carry_in, *forward.step_residuals])
+    x += _avals(floats) if offsets else []
+    g, k = _avals(floats), _avals(forward.constant_residuals)
+    reverse_step = _folded(_reverse_step(forward, mask, offsets), g, x, k)
+    return split_step(reverse_step, g, x, k)
 
 
-def _kernel_problem(reverse: Split, length: int, kernels: Kernels, tiled: Tiled | None):
-    reason = fused_forward._unsupported(reverse if tiled is None else tiled, kernels)
-    if reason is not None:
-        return reason
+def _plan_loop(reverse: Split, length: int, kernels: Kernels, num_warps, lanes) -> Loop | str:
     const_shapes = _avals(reverse.constant_residuals)
     step_shapes = [
         jax.ShapeDtypeStruct((length, *v.aval.shape), v.aval.dtype) for v in reverse.step_residuals
     ]
-    try:  # build the interpreted kernel once, abstractly: any error of the rules falls back
+
+    def build(loop):
         jax.eval_shape(
-            lambda g, k, s: _loop(
-                reverse, length, g, k, s, interpret=True, num_warps=4, tiled=tiled
-            ),
+            lambda g, k, s: _loop(loop, length, g, k, s),
             _avals(reverse.carry_in),
             const_shapes,
             step_shapes,
         )
-    except Exception as err:
-        return f"the kernel could not be built: {type(err).__name__}: {err}"
-    return None
+
+    return plan_loop(reverse, kernels, num_warps, lanes, build)
 
 
 def _cone(split: Split, carry, constants, steps) -> list:
@@ -200,19 +203,19 @@ def _folded(reverse_step, g, x, k):
     return folded
 
 
-def _loop(split: Split, length, g_last, constants, steps, *, interpret, num_warps, tiled=None):
-    """``[g_0 .. g_{T-1}]`` leaves by the kernel (a program per tile of ``tiled``'s lanes)."""
+def _loop(loop: Loop, length, g_last, constants, steps):
+    """``[g_0 .. g_{T-1}]`` leaves by ``loop``'s kernel (a program per tile of its lanes)."""
     return carries_after(
-        split,
+        loop.split,
         length,
         g_last,
         constants,
         steps,
-        interpret=interpret,
-        num_warps=num_warps,
+        backend=loop.backend,
+        launch=loop.launch,
         reverse=True,
         name=KERNEL_NAME,
-        tiled=tiled,
+        tiled=loop.tiled,
     )
 
 
@@ -239,31 +242,21 @@ def _scanned(split: Split, length, g_last, constants, steps):
     return out
 
 
-def carry_cotangents(
-    made: Plan,
-    layout: Layout,
-    consts,
-    carries_before,
-    xs,
-    g_last,
-    offsets,
-    *,
-    num_warps: int = 4,
-):
+def carry_cotangents(made: Plan, layout: Layout, consts, carries_before, xs, g_last, offsets):
     """``(T, n)``: the packed cotangents ``g_0 .. g_{T-1}`` of the carries that entered the
     steps, of one example.
 
     Args:
-        made: the problem's :func:`plan` (with offsets iff ``offsets`` is not ``None``).
+        made: the problem's :func:`plan`.
         layout: how one example's carry packs.
         consts: the body's constants.
         carries_before: ``(T, ...)`` leaves: the carry that entered each step.
         xs: the steps' inputs (time order).
         g_last: ``(n,)``, the final carry's cotangent.
         offsets: ``(T, n)``, what each step's output sends to its carry, or ``None``.
-        num_warps: Triton's warps per program.
     """
-    step, reverse = made.step, made.reverse
+    step, planned = made.step, made.reverse(offsets is not None)
+    reverse = planned.split
     length = jax.tree.leaves(carries_before)[0].shape[0]
     before = jax.tree.leaves(carries_before)
     _, _, k_step, s_step = residuals(step, list(consts), jax.tree.leaves(xs), length)
@@ -277,32 +270,22 @@ def carry_cotangents(
     def scanned(g, k, s):
         return _scanned(reverse, length, g, k, s)
 
-    if made.reason is not None:
+    loop = planned.loop
+    if isinstance(loop, str):
         out = scanned(g_end, constants, steps)
     else:
 
-        def kernel(interpret):
-            return lambda g, k, s: _loop(
-                reverse,
-                length,
-                g,
-                k,
-                s,
-                interpret=interpret,
-                num_warps=num_warps,
-                tiled=made.tiled,
-            )
+        def kernel(runner):
+            return lambda g, k, s: _loop(loop.on(runner), length, g, k, s)
 
         @jax.custom_jvp
-        def loop(g, k, s):
-            return lax.platform_dependent(
-                g, k, s, cpu=kernel(True), cuda=kernel(False), default=scanned
-            )
+        def run(g, k, s):
+            return dispatch.dispatch(loop.backend, kernel, scanned, g, k, s)
 
         # JAX cannot differentiate the kernel (its loop writes refs): a derivative of the
         # backward itself (a Hessian) differentiates the same loop in lax.scan.
-        loop.defjvp(lambda primals, tangents: jax.jvp(scanned, primals, tangents))
-        out = loop(g_end, constants, steps)
+        run.defjvp(lambda primals, tangents: jax.jvp(scanned, primals, tangents))
+        out = run(g_end, constants, steps)
     it = iter(out)
     tree = jax.tree.structure(carries_before).unflatten(
         [next(it) if f else b for b, f in zip(before, made.float_mask)]

@@ -2,7 +2,7 @@
 
 Algorithm summary. Given a :class:`~bppsa.scan._core.fused.split.Split` of the step, the
 residuals the recurrence reads are computed outside the kernel (constants once, per-step values
-for all steps at once), padded to powers of two (:mod:`bppsa.scan._core.fused.padded`) and
+for all steps at once), padded as the backend pads them (:mod:`~bppsa.scan._core.fused.backend`) and
 passed in; the kernel loads the constants once and runs ``lax.fori_loop`` over the ``T`` steps
 with the carry as the loop's value (on chip), reading step ``t``'s residuals from their refs and
 writing the carry after step ``t`` to its output ref. Padded lanes of the carry are zeroed at
@@ -20,22 +20,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 from jax.extend.core import Literal
 
+from bppsa.scan._core.fused.backend import Backend, Launch
 from bppsa.scan._core.fused.lanes import Tiled
-from bppsa.scan._core.fused.padded import masked, padded_shape, run_padded
 from bppsa.scan._core.fused.split import Split
-
-
-def check_options(owner: str, num_warps: int, lanes: int | None) -> None:
-    """Raises ``ValueError`` naming ``owner`` unless ``num_warps`` is a positive int and
-    ``lanes`` one or ``None``."""
-    for field, value in (("num_warps", num_warps), ("lanes", lanes)):
-        if field == "lanes" and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{owner}: {field} must be a positive int, got {value!r}.")
 
 
 def unpad(x, shape: Sequence[int], lead: int = 1):
@@ -52,8 +41,8 @@ def carries_after(
     constants: Sequence[Any],
     steps: Sequence[Any],
     *,
-    interpret: bool,
-    num_warps: int,
+    backend: Backend,
+    launch: Launch,
     reverse: bool = False,
     name: str = "bppsa_fused_forward",
     tiled: Tiled | None = None,
@@ -66,8 +55,9 @@ def carries_after(
         init: the initial carry's leaves.
         constants: the values of ``split.constant_residuals``.
         steps: the values of ``split.step_residuals``, ``(T, ...)`` each.
-        interpret: run the kernel in Pallas' interpreter (CPU) instead of lowering it.
-        num_warps: Triton's warps per program.
+        backend: the kernel backend (its padding, equations and compiler parameters; an
+            interpreted one runs in Pallas' interpreter).
+        launch: the launch's parameters (warps, stages).
         reverse: run the steps from ``T - 1`` down to ``0`` (step ``t`` reads ``steps[t]`` and
             writes the carry after it at ``t``), as a backward's loop does.
         name: the kernel's name (in the lowered program).
@@ -83,6 +73,7 @@ def carries_after(
     leads = [0] * (len(init) + len(constants)) + [1] * len(steps)
     axes = tiled.axes if tiled is not None else (None,) * len(in_vars)
     count = 1 if tiled is None else tiled.count
+    padded_shape = backend.padded_shape
     blocks = [padded_shape(v.aval.shape) for v in in_vars]
     inputs = [
         _padded_to(x, lead, _whole(block, axis, count))
@@ -114,14 +105,14 @@ def carries_after(
             env = dict(zip(carry_in, carry))
             env.update(zip(source.constant_residuals, const_values))
             env.update(zip(source.step_residuals, [r[t] for r in step_refs]))
-            run_padded(source.recurrence, env)
+            backend.run_equations(source.recurrence, env)
             new = []
             for v, shape, old, ref in zip(carry_out, shapes, carry, out_refs):
                 if isinstance(v, Literal):
                     value = jnp.full(old.shape, v.val, old.dtype)
                 else:
                     value = env[v].astype(old.dtype)
-                value = masked(value, shape, range(len(shape)), 0)
+                value = backend.masked(value, shape, 0)
                 ref[t] = value
                 new.append(value)
             return new
@@ -131,8 +122,8 @@ def carries_after(
     after = pl.pallas_call(
         kernel,
         out_shape=out_shape,
-        interpret=interpret,
-        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=backend.interpret,
+        compiler_params=backend.compiler_params(launch),
         name=name,
         **grid,
     )(*inputs)

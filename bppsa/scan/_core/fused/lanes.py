@@ -26,12 +26,12 @@ from typing import Any
 import jax
 from jax.extend.core import Literal
 
+from bppsa.scan._core.fused.backend import CANNOT
 from bppsa.scan._core.fused.jaxprs import bind
 from bppsa.scan._core.fused.padded import ELEMENTWISE, pow2
 
 # none of the operand's axes holds lanes (the value is the same for every lane)
 NONE = None
-LANES = 128  # the fused loops' default lanes per program: one per thread of 4 warps
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -364,5 +364,5 @@ def split_lanes(split, lanes: int | None) -> Tiled | None:
         if first.aval.shape[axes[first]] <= lanes:
             return None
         return tiled(split, axes, pow2(lanes))
-    except Exception:  # a rule that does not retrace: one program per example
+    except CANNOT:  # a rule that does not retrace: one program per example
         return None

@@ -29,7 +29,6 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
-from bppsa.scan._core.fused import lowering
 from bppsa.scan._core.fused.jaxprs import bind
 
 
@@ -312,8 +311,9 @@ _REWRITTEN = frozenset(RULES) - ELEMENTWISE - {"iota", "broadcast_in_dim", "tran
 _REWRITTEN |= {"squeeze", "reshape", "reduce_sum", "reduce_max", "reduce_min"}
 
 
-def unsupported(eqn) -> str | None:
-    """Why the kernel cannot run ``eqn`` (``None``: it can)."""
+def unsupported(eqn, lowered: Callable[[str], bool]) -> str | None:
+    """Why the kernel cannot run ``eqn`` (``None``: it can), where ``lowered(name)`` says
+    whether the backend's lowering has a rule for a primitive the padded rule binds as it is."""
     name = eqn.primitive.name
     if eqn.effects:
         return f"the primitive {name!r} has effects"
@@ -323,7 +323,7 @@ def unsupported(eqn) -> str | None:
         dtype = np.dtype(v.aval.dtype)
         if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
             return f"the primitive {name!r} works on {dtype.name}"
-    if name not in _REWRITTEN and not lowering.has_rule(name):
+    if name not in _REWRITTEN and not lowered(name):
         return f"the GPU lowering has no rule for the primitive {name!r}"
     problem = _PROBLEMS.get(name)
     return problem(eqn) if problem else None

@@ -20,12 +20,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from bppsa.scan._core import cost
 from bppsa.scan._core.memory import Footprint, MemoryLimitError, keeps_structure
 from bppsa.scan._core.methods import policy
-from bppsa.scan._core.methods.base import Method
+from bppsa.scan._core.methods.base import Method, because
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.blocked import Blocked
 from bppsa.scan._core.methods.chunked import Chunked
@@ -188,7 +189,7 @@ def _check_candidates(owner: str, candidates) -> tuple[Method, ...] | None:
         raise TypeError(
             f"{owner}: candidates must be a non-empty tuple of methods, got {candidates!r}."
         )
-    if not any(_forms_jacobians(m) for m in candidates):
+    if not any(m.forms_jacobians for m in candidates):
         raise ValueError(
             f"{owner}: candidates need a method that scans the Jacobians (for the "
             f"finiteness check and the forward's solves), got {candidates!r}."
@@ -388,33 +389,24 @@ def ranked(
     return tuple(
         m
         for m in candidates
-        if (
-            fused_backward and not jacobians
-            if _fused_loop(m)
-            else m.uses_jacobians or not jacobians
-        )
+        if (fused_backward and not jacobians if m.kernel_loop else m.keeps_carries or not jacobians)
     )
 
 
-def checked_footprint(problem: Problem, profile: Profile) -> Footprint:
-    """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel
-    (:meth:`~bppsa.FusedSequential.why_not`) where ``profile`` has a ``fused_step_latency``;
-    elsewhere the cost model never ranks the kernel, and the step is not traced for it."""
+def checked_footprint(
+    problem: Problem, profile: Profile, prepare: Callable[[Method], Any] | None = None
+) -> Footprint:
+    """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel (from its
+    plan, ``prepare(FusedSequential())``; default: its ``prepare`` on ``profile``) where
+    ``profile`` has a ``fused_step_latency``; elsewhere the cost model never ranks the kernel,
+    and the step is not traced for it."""
     fp = problem.footprint
     if profile.rates.fused_step_latency is None:
         return fp
-    return dataclasses.replace(fp, fused_backward=FUSED_SEQUENTIAL.why_not(problem, profile))
-
-
-def _fused_loop(method: Method) -> bool:
-    """Whether ``method`` is ``FusedSequential()``'s loop over the cell's VJP (no Jacobians)."""
-    return isinstance(method, FusedSequential)
-
-
-def _forms_jacobians(method: Method) -> bool:
-    """Whether ``method`` back-propagates over the steps' Jacobians: not plain
-    back-propagation, nor ``FusedSequential()``."""
-    return method.uses_jacobians and not _fused_loop(method)
+    made = (
+        FUSED_SEQUENTIAL.prepare(problem, profile) if prepare is None else prepare(FUSED_SEQUENTIAL)
+    )
+    return dataclasses.replace(fp, fused_backward=because(made))
 
 
 def _predicted(candidates, length, size, profile, batch, element, width) -> dict[Method, float]:

@@ -4,7 +4,7 @@ One abstract base, in the spirit of lineax's solvers and diffrax's adjoints: thr
 methods (:meth:`Method.scan`, :meth:`Method.memory`, :meth:`Method.cost`), one optional
 override of the backward for methods that do not evaluate all steps at once (``Blocked``,
 ``Sharded``), and declarations: a ``name``, whether it scans Jacobians at all
-(``uses_jacobians``: only plain back-propagation does not) and what it supports
+(``keeps_carries``: only plain back-propagation does not) and what it supports
 (:class:`Supports`), checked in one place (:func:`require`) before anything is traced. Which
 method runs a given scan is a policy's choice (:mod:`bppsa.scan._core.methods.policy`), not a
 method's.
@@ -26,6 +26,7 @@ from bppsa.scan._elements import MapStack
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
+    from bppsa.scan._profile import Profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,14 +73,35 @@ class Method(abc.ABC):
 
     Attributes:
         name: the string :func:`bppsa.scan.resolve` maps to the class's default instance.
-        uses_jacobians: False for plain back-propagation through ``lax.scan`` (every JAX
+        keeps_carries: whether the backward is the library's, over the carries the forward
+            kept; False for plain back-propagation through ``lax.scan`` (every JAX
             transformation then works as on ``lax.scan``), the one method that is special.
+        forms_jacobians: whether the backward forms the steps' Jacobians (from the step's
+            VJP) and scans them: not plain back-propagation, nor the fused reverse loop over
+            the step's VJP (``FusedSequential()``).
+        kernel_loop: whether its loop runs in a kernel where its plan (:meth:`prepare`) says
+            the kernel runs the scan, and in ``lax.scan`` elsewhere: its cost is its kernel's
+            only where it runs, so the cost model ranks it only there.
         supports: what it can back-propagate (:class:`Supports`; checked by :func:`require`).
     """
 
     name: ClassVar[str | None] = None
-    uses_jacobians: ClassVar[bool] = True
+    keeps_carries: ClassVar[bool] = True
+    forms_jacobians: ClassVar[bool] = True
+    kernel_loop: ClassVar[bool] = False
     supports: ClassVar[Supports] = Supports()
+
+    def resolved(self, fp: Footprint, policy: Any, profile: Profile) -> Method:
+        """This method with the choices it leaves to the scan made by the scan's ``policy``
+        on ``profile`` (``Sharded()``'s local method); most methods leave none."""
+        return self
+
+    def prepare(self, problem: Problem, profile: Profile | None = None) -> Any:
+        """What this method prepares for ``problem``'s backward on ``profile`` (a kernel's
+        plan), made once by the scan's decision and handed to :meth:`backward` as
+        ``prepared``; a string: why its kernel cannot run the scan (it then runs another
+        exact route). ``None``: nothing to prepare (most methods)."""
+        return None
 
     @abc.abstractmethod
     def scan(self, g_last: Array, maps: MapStack | list[MapStack], offsets: Array | None):
@@ -112,6 +134,7 @@ class Method(abc.ABC):
         *,
         check: bool,
         jacobians: MapStack | None = None,
+        prepared: Any = None,
     ) -> tuple[Array, Any, Any, Array | None]:
         """Back-propagates ``g_last`` through all steps of ``problem``: evaluates all steps at
         once (their Jacobians and VJP), scans, and takes the VJP
@@ -120,7 +143,7 @@ class Method(abc.ABC):
 
         ``jacobians``: the steps' transposed Jacobians at ``carries_before``, where the forward
         has them (only given to a method whose ``supports.forward_jacobians``); the evaluation
-        then forms no Jacobians.
+        then forms no Jacobians. ``prepared``: what :meth:`prepare` made for the scan.
 
         Returns:
             ``(g_0, ct_consts, ct_xs, flags)`` (``flags``: see :mod:`bppsa.scan._core.debug`).
@@ -147,6 +170,14 @@ class Method(abc.ABC):
         transposed maps from the last step to the first, with ``h_0`` in place of ``g_T``.
         """
         return self.scan(h_first, jac_t.transpose().flip(), offsets[::-1])[::-1]
+
+
+def because(prepared: Any) -> str | None:
+    """Why the kernel a :meth:`Method.prepare` (or a forward's) planned does not run the scan:
+    its reason string, or its plan's ``reason`` (``None``: it runs, or nothing was planned)."""
+    if prepared is None or isinstance(prepared, str):
+        return prepared
+    return getattr(prepared, "reason", None)
 
 
 @functools.singledispatch

@@ -41,7 +41,7 @@ class Blocked(Method):
         if (
             isinstance(method, Blocked)
             or not isinstance(method, Method)
-            or not method.uses_jacobians
+            or not method.keeps_carries
         ):
             raise TypeError(
                 "Blocked(method, block) needs a method that scans Jacobians, such as "
@@ -55,14 +55,38 @@ class Blocked(Method):
     def scan(self, g_last, maps, offsets):
         return self.method.scan(g_last, maps, offsets)
 
+    @property
+    def forms_jacobians(self) -> bool:  # type: ignore[override]
+        return self.method.forms_jacobians
+
+    @property
+    def kernel_loop(self) -> bool:  # type: ignore[override]
+        return self.method.kernel_loop
+
+    def prepare(self, problem, profile=None):
+        # Its method's plan, for the whole scan (a block's steps are the scan's steps).
+        return self.method.prepare(problem, profile)
+
     def backward(
-        self, problem, consts, carries_before, xs, g_last, ct_ys, *, check, jacobians=None
+        self,
+        problem,
+        consts,
+        carries_before,
+        xs,
+        g_last,
+        ct_ys,
+        *,
+        check,
+        jacobians=None,
+        prepared=None,
     ):
         if jacobians is not None:
             require(self, "forward_jacobians")
 
         def span(carries, xs, g_end, ct_ys):
-            return self.method.backward(problem, consts, carries, xs, g_end, ct_ys, check=check)
+            return self.method.backward(
+                problem, consts, carries, xs, g_end, ct_ys, check=check, prepared=prepared
+            )
 
         run = functools.partial(backward.blocked, span, self.block, consts)
         return run(carries_before, xs, g_last, ct_ys)

@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, ClassVar
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan import _algorithms, _kernels
+from bppsa.scan import _algorithms
 from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
-from bppsa.scan._core.fused.kernel import check_options
+from bppsa.scan._core.fused.backend import AUTO, check_options, launch_fields
 from bppsa.scan._core.memory import SPAN_STATES
-from bppsa.scan._core.methods.base import Method, Supports, require
+from bppsa.scan._core.methods.base import Method, Supports, because, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
+from bppsa.scan._profile import Kernels
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
@@ -72,10 +73,10 @@ class FusedSequential(Method):
     loop in ``lax.scan``: no kernel in either.
 
     Attributes:
-        num_warps: Triton warps per program.
+        num_warps: warps per program (``"auto"``: the profile's ``fused_num_warps``).
         lanes: lanes of the carry per program where they are independent (diagonal and
             block-diagonal cells, as for :class:`bppsa.Fused`); ``None``: one program per
-            example (under ``jax.vmap``) always.
+            example (under ``jax.vmap``) always; ``"auto"``: the profile's ``fused_lanes``.
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -85,38 +86,55 @@ class FusedSequential(Method):
         >>> grads = bppsa.grad(loss, method=bppsa.FusedSequential())(params, jnp.ones((50, 3)))
     """
 
-    num_warps: int = 4
-    lanes: int | None = fused_backward.LANES
+    num_warps: int | str = AUTO
+    lanes: int | str | None = AUTO
     name: ClassVar[str] = "fused-sequential"
     # It needs the carries the forward kept, as the Jacobian methods do, but forms no
     # Jacobians, and so takes none from the forward.
+    forms_jacobians: ClassVar[bool] = False
+    kernel_loop: ClassVar[bool] = True
     supports: ClassVar[Supports] = Supports(forward_jacobians=False)
 
     def __post_init__(self):
         check_options("FusedSequential", self.num_warps, self.lanes)
 
+    def prepare(self, problem: Problem, profile: Profile | None = None):
+        """The plan of ``problem``'s backward (its step and reverse steps split, their loops
+        on ``profile``'s backend within its envelope; ``None``: the defaults, ``Kernels()``'s),
+        or why the step's VJP cannot be traced (the backward is then
+        :class:`SequentialScan`'s). The scan's decision makes it once and hands it to
+        :meth:`backward`."""
+        kernels = Kernels() if profile is None else profile.kernels
+        return fused_backward.plan(problem, kernels, self.num_warps, self.lanes)
+
     def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
-        """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) within the
-        envelope of ``profile``'s kernels (``None``: the defaults, ``Kernels()``'s); the loop
-        then runs in ``lax.scan`` (or, if the step's VJP cannot be traced, the backward is
-        :class:`SequentialScan`'s). The scan's decision records it
+        """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) on
+        ``profile``'s backend and within its envelope (``None``: the defaults,
+        ``Kernels()``'s); the loop then runs in ``lax.scan`` (or, if the step's VJP cannot be
+        traced, the backward is :class:`SequentialScan`'s). The scan's decision records it
         (``bppsa.trace_plans()``'s ``backward_because``)."""
-        kernels = _kernels.DEFAULT if profile is None else profile.kernels
-        return fused_backward.why_not(problem, kernels, self.lanes)
+        return because(self.prepare(problem, profile))
 
     def scan(self, g_last, maps, offsets):
         # Called only for forward mode's tangent recurrence, over the Jacobians formed for it.
         return _algorithms.sequential(g_last, maps, offsets)
 
     def backward(
-        self, problem, consts, carries_before, xs, g_last, ct_ys, *, check, jacobians=None
+        self,
+        problem,
+        consts,
+        carries_before,
+        xs,
+        g_last,
+        ct_ys,
+        *,
+        check,
+        jacobians=None,
+        prepared=None,
     ):
         if jacobians is not None:
             require(self, "forward_jacobians")
-        # The decision's kernels (its library() context), whose envelope why_not was given.
-        made = fused_backward.plan(
-            problem, offsets=ct_ys is not None, kernels=_kernels.current(), lanes=self.lanes
-        )
+        made = self.prepare(problem) if prepared is None else prepared
         if isinstance(made, str):
             return SEQUENTIAL_SCAN.backward(
                 problem, consts, carries_before, xs, g_last, ct_ys, check=check
@@ -128,14 +146,7 @@ class FusedSequential(Method):
 
         def one_example(before, xs, g_last, offsets):
             return fused_backward.carry_cotangents(
-                made,
-                problem.example_layout,
-                consts,
-                before,
-                xs,
-                g_last,
-                offsets,
-                num_warps=self.num_warps,
+                made, problem.example_layout, consts, before, xs, g_last, offsets
             )
 
         if problem.batched:  # (T, B, ...): the kernel's programs over the examples
@@ -170,6 +181,4 @@ class FusedSequential(Method):
         return FusedCost(total.steps, total.flops, total.bytes, fused=fp.length)
 
     def __repr__(self) -> str:
-        fields = [f"num_warps={self.num_warps}"] if self.num_warps != 4 else []
-        fields += [f"lanes={self.lanes}"] if self.lanes != fused_backward.LANES else []
-        return f"FusedSequential({', '.join(fields)})"
+        return f"FusedSequential({', '.join(launch_fields(self.num_warps, self.lanes))})"

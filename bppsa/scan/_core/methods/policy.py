@@ -101,7 +101,7 @@ class Fixed(Policy):
     def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         if fp.complex_leaves:
             require(self.method, "complex_carry", leaves=fp.complex_leaves)
-            if not self.method.uses_jacobians:
+            if not self.method.keeps_carries:
                 return self.method
         return guard(self.method, fp, limit, profile=profile)
 

@@ -22,7 +22,8 @@ class Sequential(Method):
     """
 
     name: ClassVar[str] = "sequential"
-    uses_jacobians: ClassVar[bool] = False
+    keeps_carries: ClassVar[bool] = False
+    forms_jacobians: ClassVar[bool] = False
     supports: ClassVar[Supports] = Supports(layers=True, complex_carry=True)
 
     def __init__(self, **options):

@@ -93,7 +93,7 @@ class Sharded(Method):
         if self.local is not None and (
             isinstance(self.local, Sharded)
             or not isinstance(self.local, Method)
-            or not self.local.uses_jacobians
+            or not self.local.keeps_carries
         ):
             raise TypeError(
                 "Sharded: local must be a method that scans Jacobians on one device (e.g. "
@@ -110,8 +110,19 @@ class Sharded(Method):
         """``P``, the devices along ``axis_name``."""
         return self.mesh.shape[self.axis_name]
 
+    def resolved(self, fp, policy, profile) -> Sharded:
+        """This method with its local method, where unset, the choice of the scan's
+        ``policy`` (on ``profile``) for one device's slice of a scan of footprint ``fp``."""
+        if self.local is not None:
+            return self
+        slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
+        local = policy.scan_method(slice_fp, math.inf, profile=profile, jacobians=True)
+        return dataclasses.replace(self, local=local)
+
     def local_method(self, fp) -> Method:
-        """The method each device runs on its slice of a scan of footprint ``fp``."""
+        """The method each device runs on its slice of a scan of footprint ``fp`` (unset
+        outside a scan's decision, which sets it by :meth:`resolved`: ``Auto()``'s on the
+        mesh's platform)."""
         if self.local is not None:
             return self.local
         platform = self.mesh.devices.flat[0].platform
@@ -141,7 +152,17 @@ class Sharded(Method):
         return cost.plus(local, cost.aggregate(fp, per_device), exchange)
 
     def backward(
-        self, problem, consts, carries_before, xs, g_last, ct_ys, *, check, jacobians=None
+        self,
+        problem,
+        consts,
+        carries_before,
+        xs,
+        g_last,
+        ct_ys,
+        *,
+        check,
+        jacobians=None,
+        prepared=None,
     ):
         if jacobians is not None:
             require(self, "forward_jacobians")
@@ -251,7 +272,7 @@ class Pipelined(Forward):
     def __post_init__(self):
         object.__setattr__(self, "mesh", _checked_mesh("Pipelined", self.mesh, self.axis_name))
 
-    def __call__(self, problem, consts, init, xs, *, keep):
+    def __call__(self, problem, consts, init, xs, *, keep, prepared=None):
         axis, devices = self.axis_name, self.mesh.shape[self.axis_name]
         step, length = problem.body.step, problem.length
         if length == 0:

@@ -1,0 +1,217 @@
+"""The seam of the fused loops: what a kernel backend is, and how a loop is launched on it.
+
+Algorithm summary. A fused loop (:mod:`~bppsa.scan._core.fused.forward`,
+:mod:`~bppsa.scan._core.fused.backward`) splits the step it runs (the carry's dependence cone
+in the loop, the rest hoisted) and hands the cone to a :class:`Backend`: the backend says
+whether it can run it (:meth:`Backend.why_not`: its module present, every primitive in its
+table, the arrays within the profile's envelope after its padding) and runs it as one kernel
+(:func:`bppsa.scan._core.fused.kernel.carries_after`, with the backend's equations, padding and
+compiler parameters). The plan of one loop (:mod:`~bppsa.scan._core.fused.plan`) is made once
+per scan by the scan's decision and carried in it; the platforms a backend runs on are one
+table (:mod:`~bppsa.scan._core.fused.dispatch`). A new backend is a module with a subclass of
+:class:`Backend` and a line in that table.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.fused.lanes import Tiled
+    from bppsa.scan._core.fused.split import Split
+    from bppsa.scan._profile import Kernels
+
+
+# What tracing a step or building its kernel raises where the kernel cannot run it (a primitive
+# or a parameter JAX's Pallas or our rules do not take): the loop then runs in lax.scan. Any
+# other exception is a bug of a rule and propagates.
+UNSUPPORTED = (NotImplementedError, TypeError, ValueError)
+
+
+class Unsupported(Exception):
+    """A step the fused loops' rules do not take (raised by the split and the rules)."""
+
+
+CANNOT = (*UNSUPPORTED, Unsupported)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How a fused loop's kernel is launched (the profile's, or the user's where given).
+
+    Attributes:
+        num_warps: warps per program.
+        num_stages: the compiler's software-pipelining stages.
+        lanes: lanes of the carry per program where they are independent (``None``: one
+            program per example).
+    """
+
+    num_warps: int
+    num_stages: int
+    lanes: int | None
+
+
+class Backend(abc.ABC):
+    """A kernel backend of the fused loops: its padding, its primitives, its launch and its
+    lowering check.
+
+    Attributes:
+        name: the name a profile gives (:class:`~bppsa.scan._profile.Kernels`'
+            ``fused_backend``).
+        platform: the platform JAX lowers its kernels for (``lax.platform_dependent``'s).
+        interpret: whether its kernels run in Pallas' interpreter.
+    """
+
+    name: ClassVar[str]
+    platform: ClassVar[str]
+    interpret: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def missing(self) -> str | None:
+        """Why the backend cannot run anything here (its module absent), or ``None``."""
+
+    @abc.abstractmethod
+    def padded_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape an array of ``shape`` takes in the kernel (the padding policy)."""
+
+    @abc.abstractmethod
+    def unsupported(self, eqn) -> str | None:
+        """Why the kernel cannot run the equation ``eqn`` (its primitive table and lowering
+        check), or ``None``."""
+
+    @abc.abstractmethod
+    def largest_tile(self, eqn) -> int:
+        """Entries of the largest array the kernel forms for ``eqn``."""
+
+    @abc.abstractmethod
+    def run_equations(self, eqns: Sequence[Any], env: dict) -> dict:
+        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values)."""
+
+    @abc.abstractmethod
+    def masked(self, x, shape: Sequence[int], fill) -> Any:
+        """``x`` (padded) with its padded entries beyond ``shape`` set to ``fill``."""
+
+    @abc.abstractmethod
+    def compiler_params(self, launch: Launch) -> Any:
+        """``pallas_call``'s ``compiler_params`` for ``launch``."""
+
+    def why_not(self, loop: Split | Tiled, kernels: Kernels) -> str | None:
+        """Why the kernel cannot run the recurrence of ``loop`` (or of its tile): the backend
+        absent, a type, a primitive it has no rule for, or arrays beyond the envelope of
+        ``kernels`` after its padding (``None``: it can)."""
+        missing = self.missing()
+        if missing is not None:
+            return missing
+        for v in loop.carry_in:
+            dtype = np.dtype(v.aval.dtype)
+            if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
+                return f"a carry of {dtype.name} (the kernel runs 32-bit and narrower types)"
+        for eqn in loop.recurrence:
+            reason = self.unsupported(eqn)
+            if reason is not None:
+                return reason
+            tile = self.largest_tile(eqn)
+            if tile > kernels.fused_max_tile:
+                return (
+                    f"the primitive {eqn.primitive.name!r} forms {tile} entries after padding "
+                    f"(the envelope's fused_max_tile: {kernels.fused_max_tile})"
+                )
+        resident = sum(
+            math.prod(self.padded_shape(v.aval.shape))
+            for v in [*loop.constant_residuals, *loop.carry_in]
+        )
+        if resident > kernels.fused_max_resident:
+            return (
+                f"its constants and carry hold {resident} entries after padding (the "
+                f"envelope's fused_max_resident: {kernels.fused_max_resident})"
+            )
+        return None
+
+
+class Interpreted(Backend):
+    """A backend's kernels run in Pallas' interpreter (on the CPU): its padding, primitives
+    and checks, so that the interpreter runs what the device would, exactly and slowly."""
+
+    platform: ClassVar[str] = "cpu"
+    interpret: ClassVar[bool] = True
+
+    def __init__(self, compiled: Backend):
+        self.compiled = compiled
+        self.name = f"{compiled.name} (interpreted)"  # type: ignore[misc]
+
+    def missing(self):
+        return self.compiled.missing()
+
+    def padded_shape(self, shape):
+        return self.compiled.padded_shape(shape)
+
+    def unsupported(self, eqn):
+        return self.compiled.unsupported(eqn)
+
+    def largest_tile(self, eqn):
+        return self.compiled.largest_tile(eqn)
+
+    def run_equations(self, eqns, env):
+        return self.compiled.run_equations(eqns, env)
+
+    def masked(self, x, shape, fill):
+        return self.compiled.masked(x, shape, fill)
+
+    def compiler_params(self, launch):
+        return None  # the interpreter takes none
+
+    def __eq__(self, other):
+        return isinstance(other, Interpreted) and other.compiled == self.compiled
+
+    def __hash__(self):
+        return hash((Interpreted, self.compiled))
+
+    def __repr__(self) -> str:
+        return f"Interpreted({self.compiled!r})"
+
+
+def guarded_import(importer: Callable[[], Any], what: str) -> tuple[Any, str | None]:
+    """``(module, None)`` from ``importer()``, or ``(None, reason)`` where it cannot be
+    imported: a backend JAX dropped is a fallback with a reason, never an import error."""
+    try:
+        return importer(), None
+    except ImportError as err:
+        return None, f"{what} cannot be imported here ({type(err).__name__}: {err})"
+
+
+AUTO = "auto"  # a launch parameter left to the profile
+
+
+def check_options(owner: str, num_warps: int | str, lanes: int | str | None) -> None:
+    """Raises ``ValueError`` naming ``owner`` unless ``num_warps`` is a positive int or
+    ``"auto"`` and ``lanes`` one of those or ``None``."""
+    for field, value in (("num_warps", num_warps), ("lanes", lanes)):
+        if value == AUTO or (field == "lanes" and value is None):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{owner}: {field} must be a positive int or 'auto' (the profile's), got {value!r}."
+            )
+
+
+def launch_of(kernels: Kernels, num_warps: int | str, lanes: int | str | None) -> Launch:
+    """The launch of a loop: ``num_warps`` and ``lanes`` where given, else (``"auto"``) the
+    profile's ``kernels``; the stages are the profile's."""
+    return Launch(
+        num_warps=kernels.fused_num_warps if num_warps == AUTO else int(num_warps),
+        num_stages=kernels.fused_num_stages,
+        lanes=kernels.fused_lanes if lanes == AUTO else lanes,  # type: ignore[arg-type]
+    )
+
+
+def launch_fields(num_warps: int | str, lanes: int | str | None) -> list[str]:
+    """The ``repr`` fields of a fused loop's launch settings that are not the profile's."""
+    fields = [f"num_warps={num_warps}"] if num_warps != AUTO else []
+    return fields + ([f"lanes={lanes}"] if lanes != AUTO else [])

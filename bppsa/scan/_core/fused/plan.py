@@ -1,0 +1,85 @@
+"""One plan builder for both fused loops: a split recurrence, checked and built once.
+
+A :class:`Loop` is what one kernel launch runs: a split step's recurrence (or its tile of
+independent lanes), the backend and the launch. :func:`plan_loop` makes it from a split for the
+profile's backend: lanes first (:mod:`~bppsa.scan._core.fused.lanes`), then the backend's
+checks within the envelope (:meth:`~bppsa.scan._core.fused.backend.Backend.why_not`), then the
+interpreted kernel is built once, abstractly, so that what the run builds has been built: a
+plan that is not a reason runs. The forward (:mod:`~bppsa.scan._core.fused.forward`) and the
+backward (:mod:`~bppsa.scan._core.fused.backward`) call it from their ``prepare``, which the
+scan's decision calls once; the plan then travels in the decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from bppsa.scan._core.fused import dispatch
+from bppsa.scan._core.fused.backend import CANNOT, Backend, Interpreted, Launch, launch_of
+from bppsa.scan._core.fused.lanes import Tiled, split_lanes
+
+if TYPE_CHECKING:
+    from bppsa.scan._core.fused.split import Split
+    from bppsa.scan._profile import Kernels
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Loop:
+    """One kernel launch's plan.
+
+    Attributes:
+        split: the step's split (its recurrence runs in the loop).
+        tiled: the recurrence for one tile of the carry's independent lanes (a program per
+            tile), or ``None``: one program per example.
+        backend: the kernel backend (compiled; its interpreter runs it on the CPU).
+        launch: warps, stages and lanes.
+    """
+
+    split: Split
+    tiled: Tiled | None
+    backend: Backend
+    launch: Launch
+
+    def on(self, runner: Backend) -> Loop:
+        """This loop run by ``runner`` (the backend itself, or its interpreter)."""
+        return dataclasses.replace(self, backend=runner)
+
+    @property
+    def interpreted(self) -> Loop:
+        return self.on(Interpreted(self.backend))
+
+
+def backend_of(kernels: Kernels) -> Backend | str:
+    """The profile's fused backend (``kernels.fused_backend``), or why there is none."""
+    backend = dispatch.backend_named(kernels.fused_backend)
+    if isinstance(backend, str):
+        return backend
+    return backend.missing() or backend
+
+
+def plan_loop(
+    split: Split,
+    kernels: Kernels,
+    num_warps: int | str,
+    lanes: int | str | None,
+    build: Callable[[Loop], object],
+) -> Loop | str:
+    """The loop of ``split`` on the backend of ``kernels`` (its envelope and launch, with
+    ``num_warps`` and ``lanes`` where not ``"auto"``), or why the kernel cannot run it;
+    ``build(loop)`` builds its interpreted kernel abstractly (``jax.eval_shape``)."""
+    backend = backend_of(kernels)
+    if isinstance(backend, str):
+        return backend
+    launch = launch_of(kernels, num_warps, lanes)
+    tiled = split_lanes(split, launch.lanes)
+    reason = backend.why_not(split if tiled is None else tiled, kernels)
+    if reason is not None:
+        return reason
+    loop = Loop(split, tiled, backend, launch)
+    try:
+        build(loop.interpreted)
+    except CANNOT as err:
+        return f"the kernel could not be built: {type(err).__name__}: {err}"
+    return loop

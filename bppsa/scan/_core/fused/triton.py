@@ -1,0 +1,84 @@
+"""Pallas' Triton backend of the fused loops: the one module that imports it.
+
+Its padding is to powers of two (Triton's blocks), its primitives are those of
+:mod:`~bppsa.scan._core.fused.padded` that Triton's lowering has a rule for, and its launch is
+the profile's warps and stages. Both imports are guarded: Pallas' Triton backend is deprecated
+since JAX 0.11.0, and where it (or its private table of lowering rules) is absent, ``import
+bppsa`` still works and the fused loops fall back to ``lax.scan`` with the reason
+(:meth:`Triton.missing`). Where the table alone moved, every primitive with a padded rule counts
+as lowerable (a lowering error on the device is then the fallback's trigger) and the problem is
+recorded in :func:`bppsa.scan._core.tracing.problems`, which the tests require to be empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from bppsa.scan._core import tracing
+from bppsa.scan._core.fused import padded
+from bppsa.scan._core.fused.backend import Backend, Launch, guarded_import
+
+NAME = "triton"
+
+
+def _triton() -> Any:
+    from jax.experimental.pallas import triton
+
+    return triton
+
+
+def _lowering_rules() -> frozenset[str]:
+    from jax._src.pallas.triton.lowering import triton_lowering_rules
+
+    return frozenset(p.name for p in triton_lowering_rules)
+
+
+_PALLAS_TRITON, _MISSING = guarded_import(_triton, "Pallas' Triton backend")
+_RULES, _NO_TABLE = (None, None) if _MISSING else guarded_import(_lowering_rules, "")
+if _NO_TABLE is not None:  # pragma: no cover - JAX moved the Triton lowering's table
+    tracing.record_problem("fused", f"cannot read Pallas' Triton lowering rules: {_NO_TABLE}")
+
+
+def has_rule(name: str) -> bool:
+    """Whether Triton's lowering has a rule for the primitive called ``name`` (``True`` where
+    its table cannot be read)."""
+    return True if _RULES is None else name in _RULES
+
+
+class Triton(Backend):
+    """Pallas' Triton backend (NVIDIA GPUs)."""
+
+    name: ClassVar[str] = NAME
+    platform: ClassVar[str] = "cuda"
+
+    def missing(self):
+        return _MISSING
+
+    def padded_shape(self, shape):
+        return padded.padded_shape(shape)
+
+    def unsupported(self, eqn):
+        return padded.unsupported(eqn, has_rule)
+
+    def largest_tile(self, eqn):
+        return padded.largest_tile(eqn)
+
+    def run_equations(self, eqns, env):
+        return padded.run_padded(eqns, env)
+
+    def masked(self, x, shape, fill):
+        return padded.masked(x, shape, range(len(shape)), fill)
+
+    def compiler_params(self, launch: Launch):
+        return _PALLAS_TRITON.CompilerParams(
+            num_warps=launch.num_warps, num_stages=launch.num_stages
+        )
+
+    def __eq__(self, other):
+        return type(other) is Triton
+
+    def __hash__(self):
+        return hash(Triton)
+
+    def __repr__(self) -> str:
+        return "Triton()"
