@@ -145,3 +145,27 @@ def test_declarations(method):
     assert method.forms_jacobians is not isinstance(method, bppsa.FusedSequential)
     assert not bppsa.Sequential().keeps_carries and not bppsa.Sequential().forms_jacobians
     assert bppsa.Blocked(bppsa.FusedSequential()).kernel_loop
+
+
+def test_the_backward_plan_builds_what_its_run_builds(monkeypatch):
+    """A backward whose hoisted parts cannot be evaluated is refused by its plan (why_not
+    says so), not when the gradient is traced: the gradient then comes from the sequential
+    scan over the Jacobians, equal to back-propagation's."""
+    from bppsa.scan._core.fused import backward as fused_backward
+
+    params = RNN().init(3, 4, key=jax.random.key(0))
+    xs = jax.random.normal(jax.random.key(1), (5, 3))
+
+    def loss(p, scan):
+        return scan(lambda h, x: (rnn_cell(p, h, x), h), jnp.zeros(4), xs)[0].sum()
+
+    def planted(*args):
+        raise NotImplementedError("planted")
+
+    monkeypatch.setattr(fused_backward, "residuals", planted)
+    method = bppsa.FusedSequential()
+    with pytest.warns(bppsa.FallbackWarning, match="the backward could not be built"):
+        ours = bppsa.grad(loss, method=method)(params, bppsa.scan)
+    theirs = jax.grad(loss)(params, jax.lax.scan)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)

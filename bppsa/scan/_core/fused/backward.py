@@ -44,7 +44,13 @@ from bppsa.scan._core.fused.factors import fold_scalings
 from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
 from bppsa.scan._core.fused.plan import Loop, plan_loop
-from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
+from bppsa.scan._core.fused.split import (
+    Split,
+    residuals,
+    shapes_of,
+    split_scan_step,
+    split_step,
+)
 
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout
@@ -115,7 +121,36 @@ def plan(
         Reverse(split, _plan_loop(split, problem.length, kernels, num_warps, lanes))
         for split in reverses
     ]
-    return Plan(forward, mask, *planned)
+    made = Plan(forward, mask, *planned)
+    try:  # what the run builds besides the kernels (the hoisted parts), abstractly
+        _build(made, problem)
+    except CANNOT as err:
+        return f"the backward could not be built: {type(err).__name__}: {err}"
+    return made
+
+
+def _build(made: Plan, problem: Problem) -> None:
+    """Traces :func:`carry_cotangents` of ``made`` for one example of ``problem``, with and
+    without offsets, its loops in ``lax.scan`` (the kernels were built by their plans)."""
+    scanned = Plan(
+        made.step,
+        made.float_mask,
+        Reverse(made.with_offsets.split, "traced"),
+        Reverse(made.without_offsets.split, "traced"),
+    )
+    layout, length = problem.example_layout, problem.length
+    before = jax.tree.map(lambda a: jax.ShapeDtypeStruct((length, *a.shape), a.dtype), problem.init)
+    g_last = jax.eval_shape(layout.pack, problem.init)
+    offsets = jax.ShapeDtypeStruct((length, *g_last.shape), g_last.dtype)
+    for sent in (offsets, None):
+        jax.eval_shape(
+            lambda c, b, x, g, o: carry_cotangents(scanned, layout, c, b, x, g, o),
+            shapes_of(problem.body.consts),
+            before,
+            problem.xs,
+            g_last,
+            sent,
+        )
 
 
 def _avals(variables) -> list:
