@@ -19,6 +19,7 @@ through :mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 
 def _check_number(owner: str, field: str, value, *, integer: bool = False, zero: bool = False):
@@ -186,6 +187,10 @@ class Kernels:
             ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernel in Pallas'
             interpreter, which has no on-chip memory; it keeps the defaults, the H200's
             placeholders, so that the interpreter runs the cases a device would.
+        fused_unavailable_on: the platform this profile describes where the fused loops have
+            no kernel backend (:data:`ACCELERATOR`'s: TPU, ROCm, ...); they run in
+            ``lax.scan`` there, and ``why_not`` names it. ``None``: they have one (Triton on
+            NVIDIA GPUs, Pallas' interpreter on the CPU).
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -208,6 +213,7 @@ class Kernels:
     # benchmarks.tools.fit_profile --compile sets them from it
     fused_max_tile: int = 1 << 16
     fused_max_resident: int = 1 << 17
+    fused_unavailable_on: str | None = None
 
     def __post_init__(self):
         for field in ("small_rows", "small_size", "small_unroll_rows"):
@@ -225,6 +231,13 @@ class Kernels:
         if self.spmv_method not in SPMV_METHODS:
             raise ValueError(
                 f"Kernels: spmv_method must be 'padded' or 'segment', got {self.spmv_method!r}."
+            )
+        if self.fused_unavailable_on is not None and (
+            not isinstance(self.fused_unavailable_on, str) or not self.fused_unavailable_on
+        ):
+            raise ValueError(
+                "Kernels: fused_unavailable_on must be None or the name of a platform, got "
+                f"{self.fused_unavailable_on!r}."
             )
 
 
@@ -316,6 +329,42 @@ GPU = Profile(
 )
 
 
-def built_in(backend: str) -> Profile:
-    """The built-in profile of ``backend``: :data:`CPU` for ``"cpu"``, else :data:`GPU`."""
-    return CPU if backend == "cpu" else GPU
+# Any other platform (TPU, ROCm, METAL, ...): nothing measured there. ASSUMED, not measured: the
+# H200's rates, placeholders until a fit on such a device replaces them (bppsa.set_profile);
+# no fused_step_latency, and no fused kernel backend (the fused loops' lax.platform_dependent
+# runs lax.scan there), so that Auto() and AutoForward() never rank the fused loops.
+ACCELERATOR = Profile(
+    "an accelerator other than NVIDIA's (ASSUMED: the H200's rates; no fused kernels)",
+    dataclasses.replace(GPU.rates, fused_step_latency=None),
+    kernels=dataclasses.replace(
+        GPU.kernels, fused_unavailable_on="an accelerator other than NVIDIA's"
+    ),
+)
+# The platforms GPU describes: JAX's name for CUDA, and its alias for any GPU.
+NVIDIA = ("cuda", "gpu")
+
+
+@functools.cache  # one object per platform: a profile compared by identity stays the same
+def other_platform(platform: str) -> Profile:
+    """:data:`ACCELERATOR` for ``platform`` by name (the fused loops' refusal names it)."""
+    return dataclasses.replace(
+        ACCELERATOR,
+        name=f"{platform}: {ACCELERATOR.name}",
+        kernels=dataclasses.replace(ACCELERATOR.kernels, fused_unavailable_on=platform),
+    )
+
+
+def built_in(platform: str) -> Profile:
+    """The built-in profile of ``platform``: :data:`CPU` for ``"cpu"``, :data:`GPU` for NVIDIA
+    GPUs (``"cuda"``, or JAX's alias ``"gpu"``), else :data:`ACCELERATOR` for ``platform``
+    (:func:`other_platform`: ``"rocm"``, ``"tpu"``, ``"METAL"``, ...).
+
+    Example:
+        >>> built_in("cuda") is GPU, built_in("tpu").rates.fused_step_latency
+        (True, None)
+    """
+    if platform == "cpu":
+        return CPU
+    if platform in NVIDIA:
+        return GPU
+    return other_platform(platform)

@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from bppsa.scan._profile import Kernels, Profile
 
 
-def envelope(kernels: Kernels) -> tuple[int, int]:
-    """``(fused_max_tile, fused_max_resident)`` of ``kernels``: all a plan depends on of them
-    (the key of the plans' caches beside the problem)."""
-    return kernels.fused_max_tile, kernels.fused_max_resident
+def envelope(kernels: Kernels) -> tuple[int, int, str | None]:
+    """``(fused_max_tile, fused_max_resident, fused_unavailable_on)`` of ``kernels``: all a plan
+    depends on of them (the key of the plans' caches beside the problem)."""
+    return kernels.fused_max_tile, kernels.fused_max_resident, kernels.fused_unavailable_on
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -155,8 +155,11 @@ def _make_plan(problem: Problem, forward: Fused, kernels: Kernels) -> _Plan | st
 
 
 def _unsupported(split: Split | Tiled, kernels: Kernels) -> str | None:
-    """Why the kernel cannot run the loop of ``split`` (or of its tile): a type, a primitive
-    without a padded rule, or arrays beyond the envelope of ``kernels`` (``None``: it can)."""
+    """Why the kernel cannot run the loop of ``split`` (or of its tile): a platform without the
+    kernel, a type, a primitive without a padded rule, or arrays beyond the envelope of
+    ``kernels`` (``None``: it can)."""
+    if kernels.fused_unavailable_on is not None:
+        return f"no fused kernel backend on {kernels.fused_unavailable_on} (its profile's kernels)"
     for v in split.carry_in:
         dtype = np.dtype(v.aval.dtype)
         if dtype.itemsize == 8 or jnp.issubdtype(dtype, jnp.complexfloating):
