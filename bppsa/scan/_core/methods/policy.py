@@ -151,8 +151,9 @@ def guard(
 
 
 def bytes_allowed(limit: float | None) -> float:
-    """The bytes a backward may use: ``limit``, or the default device's available memory."""
-    return memory.available_bytes() if limit is None else limit
+    """The bytes a backward may use: ``limit``, or the default device's memory (a constant of
+    the device, not what is free while the scan is traced)."""
+    return memory.capacity_bytes() if limit is None else limit
 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile) -> MemoryLimitError:
