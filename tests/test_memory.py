@@ -11,6 +11,7 @@ import bppsa
 from bppsa.models import GRU, LSTM, RNN
 from bppsa.scan._core import memory as _memory
 from bppsa.scan._core.methods.fallbacks import fallbacks
+from bppsa.scan._core.options import Options
 from bppsa.scan._profile import CPU, GPU
 from tests.helpers import assert_trees_close
 
@@ -188,13 +189,45 @@ def test_the_vmapped_batch_counts():
         bppsa.grad(loss, method="blelloch", memory_limit=limit)(params, xs)
 
 
-def test_default_limit_is_the_devices_available_memory(monkeypatch):
+def test_default_limit_is_the_devices_memory(monkeypatch):
     params, xs, _, loss = problem("rnn")
-    assert _memory.available_bytes() > 1e6  # a real number on this machine
-    monkeypatch.setattr(_memory, "available_bytes", lambda: 1e4)
-    with pytest.raises(bppsa.MemoryLimitError, match="available memory"):
+    capacity = _memory.capacity_bytes()
+    assert capacity > 1e6 and capacity >= _memory.available_bytes()  # real numbers here
+    monkeypatch.setattr(_memory, "capacity_bytes", lambda: 1e4)
+    with pytest.raises(bppsa.MemoryLimitError, match="the default device's memory"):
         bppsa.grad(loss, method="blelloch")(params, xs)
     jax.jit(bppsa.grad(loss, method="blelloch", memory_limit=math.inf))(params, xs)  # off
+
+
+def test_the_default_limit_does_not_follow_what_is_free_when_traced(monkeypatch):
+    """Auto() (the GPU profile's Blelloch()) under the default limit chooses the same method
+    whatever is free when the scan is traced: the limit is the device's memory, a constant."""
+    params, xs, init, loss = problem("gru", length=1000)
+    spec = jax.ShapeDtypeStruct((1000, 2), jnp.float32)
+    body = body_of("gru", params)
+    blelloch = bppsa.estimate_memory(body, init, spec, method="blelloch", batch=B)
+    chunked = bppsa.estimate_memory(body, init, spec, method=bppsa.Chunked(), batch=B)
+    assert blelloch < _memory.capacity_bytes()
+    methods = []
+    for free in (limit_between(chunked, blelloch), 1e15):
+        monkeypatch.setattr(_memory, "available_bytes", lambda free=free: free)
+        with bppsa.trace_plans() as plans:
+            jax.eval_shape(bppsa.grad(loss, method=bppsa.Auto(profile=GPU)), params, xs)
+        methods.append(plans[0].method)
+    assert methods == [bppsa.Blelloch(), bppsa.Blelloch()]
+
+
+def test_available_is_read_once_when_the_options_are_made(monkeypatch):
+    """``memory_limit="available"``: what is free when ``bppsa.grad`` is called, a number in
+    its options from then on (what is free when the scan is traced does not matter)."""
+    params, xs, _, loss = problem("rnn")
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 1e4)
+    assert Options.make(memory_limit="available").memory_limit == 1e4
+    tight = bppsa.grad(loss, method="blelloch", memory_limit="available")
+    monkeypatch.setattr(_memory, "available_bytes", lambda: 1e15)
+    with pytest.raises(bppsa.MemoryLimitError, match=r"10 kB \(memory_limit\)"):
+        tight(params, xs)
+    jax.eval_shape(bppsa.grad(loss, method="blelloch", memory_limit="available"), params, xs)
 
 
 def test_the_scans_own_limit_beats_the_grads():
@@ -211,7 +244,7 @@ def test_the_scans_own_limit_beats_the_grads():
     assert all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 
-@pytest.mark.parametrize("bad", ["1GB", True, [1]])
+@pytest.mark.parametrize("bad", ["1GB", "free", True, [1]])
 def test_memory_limit_of_the_wrong_type(bad):
     with pytest.raises(TypeError, match="memory_limit must be a number of bytes"):
         bppsa.grad(lambda x: x, memory_limit=bad)
@@ -223,3 +256,8 @@ def test_memory_limit_of_the_wrong_type(bad):
 def test_memory_limit_not_positive(bad):
     with pytest.raises(ValueError, match="memory_limit must be positive"):
         bppsa.grad(lambda x: x, memory_limit=bad)
+
+
+def test_on_accelerators_the_limits_are_the_allocators(monkeypatch):
+    monkeypatch.setattr(_memory, "_memory_stats", lambda: {"bytes_limit": 8e9, "bytes_in_use": 3e9})
+    assert (_memory.capacity_bytes(), _memory.available_bytes()) == (8e9, 5e9)

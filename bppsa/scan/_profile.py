@@ -19,6 +19,7 @@ through :mod:`bppsa.scan._kernels`, entered by the scan's derivative rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 
 def _check_number(owner: str, field: str, value, *, integer: bool = False, zero: bool = False):
@@ -337,6 +338,36 @@ GPU = Profile(
 )
 
 
-def built_in(backend: str) -> Profile:
-    """The built-in profile of ``backend``: :data:`CPU` for ``"cpu"``, else :data:`GPU`."""
-    return CPU if backend == "cpu" else GPU
+# Any other platform (TPU, ROCm, METAL, ...): nothing measured there. ASSUMED, not measured: the
+# H200's rates, placeholders until a fit on such a device replaces them (bppsa.set_profile);
+# no fused_step_latency, and no fused kernel backend (the fused loops' lax.platform_dependent
+# runs lax.scan there), so that Auto() and AutoForward() never rank the fused loops.
+ACCELERATOR = Profile(
+    "an accelerator other than NVIDIA's (ASSUMED: the H200's rates; no fused kernels)",
+    dataclasses.replace(GPU.rates, fused_step_latency=None),
+    kernels=dataclasses.replace(GPU.kernels, fused_backend=None),
+)
+# The platforms GPU describes: JAX's name for CUDA, and its alias for any GPU.
+NVIDIA = ("cuda", "gpu")
+
+
+@functools.cache  # one object per platform: a profile compared by identity stays the same
+def other_platform(platform: str) -> Profile:
+    """:data:`ACCELERATOR` for ``platform`` by name (the fused loops' refusal names it)."""
+    return dataclasses.replace(ACCELERATOR, name=f"{platform}: {ACCELERATOR.name}")
+
+
+def built_in(platform: str) -> Profile:
+    """The built-in profile of ``platform``: :data:`CPU` for ``"cpu"``, :data:`GPU` for NVIDIA
+    GPUs (``"cuda"``, or JAX's alias ``"gpu"``), else :data:`ACCELERATOR` for ``platform``
+    (:func:`other_platform`: ``"rocm"``, ``"tpu"``, ``"METAL"``, ...).
+
+    Example:
+        >>> built_in("cuda") is GPU, built_in("tpu").rates.fused_step_latency
+        (True, None)
+    """
+    if platform == "cpu":
+        return CPU
+    if platform in NVIDIA:
+        return GPU
+    return other_platform(platform)

@@ -21,7 +21,7 @@ def restore_cpu_profile():
 def test_each_backend_has_a_profile():
     assert bppsa.get_profile("cpu") is _profile.CPU and _profile.CPU.measured_rules
     assert bppsa.get_profile("gpu") is _profile.GPU and not _profile.GPU.measured_rules
-    assert bppsa.get_profile("tpu") is _profile.GPU
+    assert bppsa.get_profile("tpu") is _profile.other_platform("tpu")
     assert bppsa.get_profile() is bppsa.get_profile(jax.default_backend())
 
 

@@ -41,7 +41,7 @@ def scan(
     unroll: int | bool = 1,
     *,
     method: Method | Policy | str | None = None,
-    memory_limit: float | None = None,
+    memory_limit: float | str | None = None,
     check_finite: bool | None = None,
     batch: int | None = None,
     forward: Forward | AutoForward | str | None = None,
@@ -79,12 +79,15 @@ def scan(
             (``_`` or ``-`` alike). ``None`` uses the method of the enclosing
             :func:`bppsa.grad`, else ``bppsa.Auto()``.
         memory_limit: bytes the backward pass of this scan may use (``None``: the limit of the
-            enclosing :func:`bppsa.grad`, else the default device's available memory;
-            ``math.inf``: no check). When the backward is traced, the method's memory is
-            estimated for this scan (``T``, the carry and Jacobian sizes, the dtype and the
-            ``jax.vmap`` batch, see ``batch``); over the limit, ``bppsa.Auto()`` falls back
-            to a lower-memory method (raising where none fits) and an explicit method raises
-            :class:`bppsa.MemoryLimitError`, which lists the alternatives that fit.
+            enclosing :func:`bppsa.grad`, else the default device's memory, a constant of the
+            device: the allocator's limit on accelerators, the host's physical memory on the
+            CPU; ``"available"``: what is free on the default device when ``bppsa.scan`` is
+            called, read once, then a number; ``math.inf``: no check). When the backward is
+            traced, the method's memory is estimated for this scan (``T``, the carry and
+            Jacobian sizes, the dtype and the ``jax.vmap`` batch, see ``batch``); over the
+            limit, ``bppsa.Auto()`` falls back to a lower-memory method (raising where none
+            fits) and an explicit method raises :class:`bppsa.MemoryLimitError`, which lists
+            the alternatives that fit.
         check_finite: if True, the backward pass raises ``FloatingPointError`` when a Jacobian
             or cotangent holds a NaN or infinity, naming (as indices into ``xs``) the earliest
             step whose Jacobian is not finite and the latest step where a non-finite cotangent

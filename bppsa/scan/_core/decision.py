@@ -69,7 +69,8 @@ class Decision:
         shares_jacobians: whether the forward hands its Jacobians to the backward.
         profile: the measured constants the choices were made by.
         precision: of the library's own products (``None``: ``"highest"``).
-        memory_limit: bytes the backward may use (``None``: the device's available memory).
+        memory_limit: bytes the backward may use (``None``: the default device's memory, its
+            capacity).
         check_finite: whether the backward reports the first non-finite step.
         memory_error: the memory guard's error, or the refusal of a method that cannot apply
             the step's ``jax.custom_vjp`` rules exactly, raised where the backward is traced.

@@ -24,7 +24,7 @@ def value_and_grad(
     allow_int: bool = False,
     *,
     method: Method | Policy | str | None = None,
-    memory_limit: float | None = None,
+    memory_limit: float | str | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,
@@ -46,7 +46,8 @@ def value_and_grad(
             :class:`bppsa.Auto`). ``None``: that of an enclosing ``bppsa.grad``, else
             ``"auto"``.
         memory_limit: bytes the backward pass of each scan inside may use (``None``: that of
-            an enclosing ``bppsa.grad``, else the default device's available memory); see
+            an enclosing ``bppsa.grad``, else the default device's memory; ``"available"``:
+            what is free on it when ``bppsa.grad`` is called, read once); see
             :func:`bppsa.scan`.
         check_finite: raise ``FloatingPointError`` naming the first time step whose Jacobian
             or cotangent is not finite (``None``: that of an enclosing ``bppsa.grad``, else
@@ -125,7 +126,7 @@ def grad(
     allow_int: bool = False,
     *,
     method: Method | Policy | str | None = None,
-    memory_limit: float | None = None,
+    memory_limit: float | str | None = None,
     check_finite: bool | None = None,
     forward: Forward | str | None = None,
     precision: str | Precision | None = None,

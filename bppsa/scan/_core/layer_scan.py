@@ -46,7 +46,7 @@ from bppsa.scan._core import options, plans
 from bppsa.scan._core.carry import floats_only, zeros_for_none
 from bppsa.scan._core.decision import Decision, decide_chain
 from bppsa.scan._core.linear import differentiable
-from bppsa.scan._core.memory import MemoryLimitError, human
+from bppsa.scan._core.memory import MemoryLimitError, human, limit_source
 from bppsa.scan._core.methods.base import Method, chain_levels
 from bppsa.scan._core.methods.blelloch import Blelloch
 from bppsa.scan._core.methods.policy import ChainWork, Policy, as_policy, memory_guard
@@ -297,7 +297,7 @@ def guard(method: Method, requested, maps: list, inputs: list, limit: float | No
     """The memory guard of a chain's backward (:func:`~bppsa.scan._core.methods.policy.
     memory_guard`, the one of scans over time too): the layers' inputs kept, their transposed
     Jacobians (``None`` for an identity) and the products ``method``'s scan forms, against
-    ``limit`` bytes (``None``: the default device's available memory).
+    ``limit`` bytes (``None``: the default device's memory).
 
     Raises:
         MemoryLimitError: naming ``requested`` and listing the levels that fit.
@@ -316,7 +316,7 @@ def _memory_error(requested, method, need, limit, limit_bytes, maps, inputs) -> 
         b = _footprint_bytes(maps, inputs, levels)
         if b <= limit_bytes:
             fits.append((SequentialScan() if levels == 0 else Blelloch(levels=levels), b))
-    source = "the default device's available memory" if limit is None else "memory_limit"
+    source = limit_source(limit)
     advice = (
         "Fewer levels fit: " + ", ".join(f"bppsa.{m!r} (~{human(b)})" for m, b in fits[:3])
         if fits

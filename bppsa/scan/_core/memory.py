@@ -6,11 +6,13 @@ The backward methods trade memory for depth: ``Blelloch()`` forms about ``T`` de
 When the backward pass of a scan is about to be traced,
 :func:`bppsa.scan._core.methods.policy.fit` estimates what the method needs for that scan (its
 ``memory``, from the model here) and compares it with a limit (the user's ``memory_limit``,
-else the default device's available memory). Too much: an automatic method (``bppsa.Auto()``)
-switches to the largest lower-memory method that fits, and raises where none does; an explicit
-one raises :class:`MemoryLimitError` with the estimate, the limit and the alternatives that fit.
-Plain back-propagation is held to the limit too (``lax.scan``'s residuals), but for a complex
-carry, which only it supports.
+else the default device's memory, :func:`capacity_bytes`: a constant of the device, so that the
+choice does not depend on what else was allocated when the scan was traced; the user's
+``"available"``, :func:`available_bytes`, is read once, when the options are made). Too much: an
+automatic method (``bppsa.Auto()``) switches to the largest lower-memory method that fits, and
+raises where none does; an explicit one raises :class:`MemoryLimitError` with the estimate, the
+limit and the alternatives that fit. Plain back-propagation is held to the limit too (``lax.scan``'s
+residuals), but for a complex carry, which only it supports.
 
 The estimate is a model, not a measurement: bytes of the arrays the scan's forward and backward
 keep alive at their peak (the carries kept for the backward, the Jacobians and the per-step
@@ -218,24 +220,54 @@ def footprint(
     )
 
 
+# memory_limit's word for the default device's free memory, read when the options are made.
+AVAILABLE = "available"
+
+
+def capacity_bytes() -> float:
+    """Memory of the default device, a constant of it: the allocator's limit on accelerators
+    (``bytes_limit`` of its memory statistics), the host's physical memory on the CPU (``inf``
+    when neither is known). The limit of a backward without a ``memory_limit``."""
+    stats = _memory_stats()
+    if stats and "bytes_limit" in stats:
+        return float(stats["bytes_limit"])
+    return _host_bytes("MemTotal:", "SC_PHYS_PAGES")
+
+
 def available_bytes() -> float:
-    """Free memory of the default device: the allocator's limit minus what is in use on
-    accelerators, the host's available memory on CPU (``inf`` when neither is known)."""
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:  # some backends do not implement memory statistics
-        stats = None
+    """Free memory of the default device now: the allocator's limit minus what is in use on
+    accelerators, the host's available memory on CPU (``inf`` when neither is known). What
+    ``memory_limit="available"`` stands for, read when the options are made."""
+    stats = _memory_stats()
     if stats and "bytes_limit" in stats:
         return float(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return _host_bytes("MemAvailable:", "SC_AVPHYS_PAGES")
+
+
+def _memory_stats() -> dict | None:
+    """The memory statistics of the default device (``jax.default_device``'s, else the first
+    local device's), or ``None`` where its backend keeps none."""
+    default = jax.config.jax_default_device
+    try:
+        if default is None or isinstance(default, str):
+            default = jax.local_devices(backend=default)[0]
+        return default.memory_stats()
+    except Exception:  # some backends do not implement memory statistics
+        return None
+
+
+def _host_bytes(meminfo_field: str, pages: str) -> float:
+    """The host's memory: ``meminfo_field`` of ``/proc/meminfo``, else ``pages`` of
+    ``os.sysconf`` (``inf`` when neither is known)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(meminfo_field):
                     return float(line.split()[1]) * 1024
     except OSError:
         pass
     try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        return float(os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return math.inf
 
@@ -244,7 +276,7 @@ def limit_message(method, chosen, need, limit, limit_bytes, options, fp, bp_byte
     """The text of a :class:`MemoryLimitError` (``tried``: ``[(method, bytes)]`` a policy tried
     after its choice, named where none fits)."""
     name = f"{method!r} (which chose {chosen!r})" if chosen is not method else repr(method)
-    source = "the default device's available memory" if limit is None else "memory_limit"
+    source = limit_source(limit)
     if options:
         fits = ", ".join(f"bppsa.{m!r} (~{human(b)})" for m, b in options)
         advice = f"Lower-memory methods that fit: {fits}."
@@ -258,6 +290,11 @@ def limit_message(method, chosen, need, limit, limit_bytes, options, fp, bp_byte
         f"Plain back-propagation, bppsa.Sequential(), needs about {human(bp_bytes)}. Pass a "
         "method as method=..., or raise memory_limit (math.inf turns this check off)."
     )
+
+
+def limit_source(limit: float | None) -> str:
+    """Where a limit of ``limit`` (``None``: the default) came from, for messages."""
+    return "the default device's memory" if limit is None else "memory_limit"
 
 
 def human(nbytes: float) -> str:

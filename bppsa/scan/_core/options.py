@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bppsa.scan import _precision
-from bppsa.scan._core import tracing
+from bppsa.scan._core import memory, tracing
 
 if TYPE_CHECKING:
     from bppsa.scan._core.auto_forward import AutoForward
@@ -36,7 +36,8 @@ class Options:
     Attributes:
         method: a method object (see :mod:`bppsa.scan._core.methods`).
         memory_limit: bytes the backward may use; ``math.inf`` turns the check off; ``None``:
-            the default device's available memory.
+            the default device's memory, its capacity (``"available"`` was resolved to bytes
+            when the options were made).
         check_finite: raise ``FloatingPointError`` naming the step of a non-finite value.
         check_structure: compare structured step Jacobians with dense ones at a few steps
             (see :mod:`bppsa.scan._core.structure_check`).
@@ -81,12 +82,17 @@ def ambient(options: Options) -> Iterator[Options]:
 
 
 def check_limit(limit: Any, argname: str = "memory_limit") -> float | None:
-    """Validates a user's limit: ``None`` (the device's available memory) or bytes > 0."""
+    """Validates a user's limit: ``None`` (the default device's memory, a constant of it),
+    bytes > 0, or ``"available"``, resolved here, once, into the bytes free now
+    (:func:`~bppsa.scan._core.memory.available_bytes`): a number in the options that key
+    ``jax.jit``'s cache, never a reading taken later while a scan is traced."""
     if limit is None:
         return None
+    if isinstance(limit, str) and limit == memory.AVAILABLE:
+        return memory.available_bytes()
     if isinstance(limit, bool) or not isinstance(limit, int | float):
         raise TypeError(
-            f"{argname} must be a number of bytes or None (the device's available memory), "
+            f"{argname} must be a number of bytes, 'available' or None (the device's memory), "
             f"got {type(limit).__name__}."
         )
     if not limit > 0:  # also rejects NaN

@@ -31,7 +31,7 @@ from bppsa.scan._core.fused import dispatch
 from bppsa.scan._core.fused.backend import AUTO, CANNOT, check_options, launch_fields
 from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.plan import Loop, plan_loop
+from bppsa.scan._core.fused.plan import Loop, no_backend, plan_loop
 from bppsa.scan._core.fused.split import residuals, shapes_of, split_scan_step
 from bppsa.scan._profile import Kernels
 
@@ -99,6 +99,8 @@ class Fused(Forward):
         (``None``: the defaults, ``Kernels()``'s), or why the kernel cannot run it; the scan's
         decision makes it once and hands it to :meth:`__call__`."""
         kernels = Kernels() if profile is None else profile.kernels
+        if (reason := no_backend(profile)) is not None:
+            return reason
         if problem.length < 1:
             return "an empty scan (length 0)"
         try:

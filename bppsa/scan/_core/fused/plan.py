@@ -22,7 +22,7 @@ from bppsa.scan._core.fused.lanes import Tiled, split_lanes
 
 if TYPE_CHECKING:
     from bppsa.scan._core.fused.split import Split
-    from bppsa.scan._profile import Kernels
+    from bppsa.scan._profile import Kernels, Profile
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -49,6 +49,14 @@ class Loop:
     @property
     def interpreted(self) -> Loop:
         return self.on(Interpreted(self.backend))
+
+
+def no_backend(profile: Profile | None) -> str | None:
+    """Why ``profile``'s platform has no fused kernel (its ``fused_backend`` is ``None``), naming
+    it; ``None``: it has one (or no profile was given: the defaults')."""
+    if profile is None or profile.kernels.fused_backend is not None:
+        return None
+    return f"no fused kernel backend on {profile.name} (its profile's fused_backend is None)"
 
 
 def backend_of(kernels: Kernels) -> Backend | str:

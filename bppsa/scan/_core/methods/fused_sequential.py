@@ -13,6 +13,7 @@ from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
 from bppsa.scan._core.fused.backend import AUTO, check_options, launch_fields
+from bppsa.scan._core.fused.plan import no_backend
 from bppsa.scan._core.memory import SPAN_STATES
 from bppsa.scan._core.methods.base import Method, Supports, because, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -105,7 +106,9 @@ class FusedSequential(Method):
         :class:`SequentialScan`'s). The scan's decision makes it once and hands it to
         :meth:`backward`."""
         kernels = Kernels() if profile is None else profile.kernels
-        return fused_backward.plan(problem, kernels, self.num_warps, self.lanes)
+        return no_backend(profile) or fused_backward.plan(
+            problem, kernels, self.num_warps, self.lanes
+        )
 
     def why_not(self, problem: Problem, profile: Profile | None = None) -> str | None:
         """Why the kernel cannot run ``problem``'s backward loop (``None``: it can) on

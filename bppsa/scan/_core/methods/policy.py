@@ -64,7 +64,7 @@ class Policy(abc.ABC):
         jacobians: bool = False,
     ) -> Method:
         """The method that runs the backward of a scan of footprint ``fp`` within ``limit``
-        bytes (``None``: the default device's available memory; ``math.inf``: no limit), by
+        bytes (``None``: the default device's memory, its capacity; ``math.inf``: no limit), by
         ``profile`` (:meth:`profile_or` of the backend's). The limit applies to every method,
         plain back-propagation too (its ``lax.scan``'s residuals), but to none for a complex
         carry, which only plain back-propagation supports.
@@ -151,8 +151,9 @@ def guard(
 
 
 def bytes_allowed(limit: float | None) -> float:
-    """The bytes a backward may use: ``limit``, or the default device's available memory."""
-    return memory.available_bytes() if limit is None else limit
+    """The bytes a backward may use: ``limit``, or the default device's memory (a constant of
+    the device, not what is free while the scan is traced)."""
+    return memory.capacity_bytes() if limit is None else limit
 
 
 def memory_error(requested, chosen, need, limit, limit_bytes, fp, profile) -> MemoryLimitError:

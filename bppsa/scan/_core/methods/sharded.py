@@ -44,7 +44,7 @@ from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.methods.auto import Auto
 from bppsa.scan._core.methods.base import Method, Supports, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
-from bppsa.scan._core.profiles import profile_of
+from bppsa.scan._core.profiles import platform_of, profile_of
 from bppsa.scan._elements import Dense
 
 EXCHANGES = ("all_gather", "ppermute")
@@ -125,7 +125,7 @@ class Sharded(Method):
         mesh's platform)."""
         if self.local is not None:
             return self.local
-        platform = self.mesh.devices.flat[0].platform
+        platform = platform_of(self.mesh.devices.flat[0])
         slice_fp = dataclasses.replace(fp, length=math.ceil(fp.length / self.devices))
         return Auto().scan_method(slice_fp, profile=profile_of(platform), jacobians=True)
 
