@@ -146,15 +146,22 @@ def cell_problem(cell, length, batch, hidden, dtype, inputs=3, seed=0):
     xs = jax.random.normal(keys[1], (batch, length, inputs), dtype)
     head = jax.random.normal(keys[2], (hidden,), dtype)
     head_every = jax.random.normal(keys[3], (hidden,), dtype)
-    state = cell.initial_state(hidden, dtype)
+    init = distinct_state(cell.initial_state(hidden, dtype), keys[4], (batch,))
+    return params, xs, (head, head_every), init
+
+
+def distinct_state(state, key, batch: tuple = ()):
+    """``state``'s leaves (e.g. an LSTM's ``h`` and ``c``) drawn from their own keys split from
+    ``key``, ``0.5 N(0, 1)``, each with leading dims ``batch``: no two leaves equal, so a
+    swap of the carry's leaves changes the result (zeros for both would hide it)."""
     leaves, treedef = jax.tree.flatten(state)
-    init = treedef.unflatten(
+    keys = jax.random.split(key, len(leaves))
+    return treedef.unflatten(
         [
-            0.5 * jax.random.normal(k, (batch, *leaf.shape), dtype)
-            for k, leaf in zip(jax.random.split(keys[4], len(leaves)), leaves)
+            0.5 * jax.random.normal(k, (*batch, *jnp.shape(leaf)), jnp.result_type(leaf))
+            for k, leaf in zip(keys, leaves)
         ]
     )
-    return params, xs, (head, head_every), init
 
 
 def cell_loss(cell, scan, where):

@@ -10,8 +10,8 @@ import pytest
 import bppsa
 from bppsa.models import GRU, LSTM, RNN
 from bppsa.scan._core import memory as _memory
+from bppsa.scan._core.asked import options_from
 from bppsa.scan._core.methods.fallbacks import fallbacks
-from bppsa.scan._core.options import Options
 from bppsa.scan._profile import CPU, GPU
 from tests.helpers import assert_trees_close
 
@@ -222,7 +222,7 @@ def test_available_is_read_once_when_the_options_are_made(monkeypatch):
     its options from then on (what is free when the scan is traced does not matter)."""
     params, xs, _, loss = problem("rnn")
     monkeypatch.setattr(_memory, "available_bytes", lambda: 1e4)
-    assert Options.make(memory_limit="available").memory_limit == 1e4
+    assert options_from(memory_limit="available").memory_limit == 1e4
     tight = bppsa.grad(loss, method="blelloch", memory_limit="available")
     monkeypatch.setattr(_memory, "available_bytes", lambda: 1e15)
     with pytest.raises(bppsa.MemoryLimitError, match=r"10 kB \(memory_limit\)"):

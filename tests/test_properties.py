@@ -34,6 +34,7 @@ from tests.helpers import (
     assert_close_to_back_propagation,
     assert_trees_close,
     derandomized,
+    distinct_state,
     marked_slow,
 )
 
@@ -245,10 +246,8 @@ def check_cell_problem(cell, hidden, inputs, batch, length, reverse, where, meth
     with precision(dtype):
         params = cell.init(inputs, hidden, key=jax.random.key(hidden), dtype=dtype)
         xs = jax.random.normal(jax.random.key(length), (length, *batch, inputs), dtype)
-        init = jax.tree.map(
-            lambda s: jnp.broadcast_to(0.1 * jnp.arange(hidden, dtype=dtype), (*batch, hidden)),
-            cell.initial_state(hidden, dtype),
-        )
+        # Seeded and distinct per leaf: a swap of the LSTM's h and c must change the result.
+        init = distinct_state(cell.initial_state(hidden, dtype), jax.random.key(7), batch)
 
         def loss(scan, params, xs, init):
             def body(state, x):

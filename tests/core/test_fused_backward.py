@@ -35,7 +35,7 @@ from bppsa.scan._core.memory import footprint
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import CPU, GPU
 from tests.core.test_fused_forward import cuda_text
-from tests.helpers import relative_errors
+from tests.helpers import distinct_state, relative_errors
 
 # float32: the kernel's products sum in another order than XLA's dot, and the cotangents of the
 # constants come from one reduction over the steps instead of T additions (measured <= 3e-7 at
@@ -54,7 +54,9 @@ def weight(rows, cols, seed):
 def library(cell_type, fn):
     def make(hidden):
         params = cell_type.init(I, hidden, key=jax.random.key(0))
-        return fn, params, cell_type.initial_state(hidden), cell_type.output
+        # Seeded, distinct leaves: a swap of the LSTMs' h and c must change the gradients.
+        init = distinct_state(cell_type.initial_state(hidden), jax.random.key(4))
+        return fn, params, init, cell_type.output
 
     return make
 

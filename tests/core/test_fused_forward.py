@@ -36,7 +36,7 @@ from bppsa.scan._core.fused.forward import Fused
 from bppsa.scan._core.fused.jaxprs import flat_jaxpr
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import GPU
-from tests.helpers import relative_errors
+from tests.helpers import distinct_state, relative_errors
 
 # float32: the kernel's matrix-vector products sum in another order than XLA's dot, so values
 # differ by rounding (measured <= 2e-7 at T = 9); 1e-5 (the suite's float32 tolerance) leaves a
@@ -65,6 +65,11 @@ def params_of(cell, hidden, dtype=jnp.float32):
     return cell.init(I, hidden, key=jax.random.key(0), dtype=dtype)
 
 
+def state_of(cell, hidden):
+    """A seeded initial carry, its leaves distinct (an LSTM's ``h`` is not its ``c``)."""
+    return distinct_state(cell.initial_state(hidden), jax.random.key(3))
+
+
 def weight(hidden, out=None, seed=2):
     out = hidden if out is None else out
     return jax.random.normal(jax.random.key(seed), (out, hidden)) / np.sqrt(hidden)
@@ -78,7 +83,7 @@ def library(cell_type, fn):
         params = params_of(cell_type, hidden)
         return (
             lambda h, x: (fn(params, h, x), cell_type.output(h)),
-            cell_type.initial_state(hidden),
+            state_of(cell_type, hidden),
         )
 
     return make
@@ -367,7 +372,7 @@ def test_gradients_through_the_library_rules(cell_type, cell, monkeypatch):
     monkeypatch.setattr(
         fused_forward, "carries_after", lambda *a, **k: launches.append(1) or run(*a, **k)
     )
-    params, init, xs = params_of(cell_type, 20), cell_type.initial_state(20), xs_of()
+    params, init, xs = params_of(cell_type, 20), state_of(cell_type, 20), xs_of()
 
     def loss(scan, params, xs):
         carry, ys = scan(lambda h, x: (cell(params, h, x), cell_type.output(h)), init, xs)

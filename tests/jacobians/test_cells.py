@@ -7,7 +7,7 @@ import pytest
 
 from bppsa.jacobians import gru_jacobian_t, has_analytic_jacobian, lstm_jacobian_t, rnn_jacobian_t
 from bppsa.models import gru_cell, init_params, lstm_cell, rnn_cell
-from tests.helpers import assert_trees_close, spread
+from tests.helpers import assert_trees_close, distinct_state, spread
 
 H, I = 7, 3
 
@@ -65,7 +65,8 @@ def test_scan_uses_them_only_for_the_whole_carry_map():
     gru_params = init_params(3, I, H, key=jax.random.key(2))
     assert has_analytic_jacobian(lambda h, x: (gru_cell(gru_params, h, x), None), h, x)
     lstm_params = init_params(4, I, H, key=jax.random.key(3))
-    assert has_analytic_jacobian(lambda s, x: (lstm_cell(lstm_params, s, x), None), (h, h), x)
+    state = distinct_state((h, h), jax.random.key(4))  # h and c apart
+    assert has_analytic_jacobian(lambda s, x: (lstm_cell(lstm_params, s, x), None), state, x)
     # Not the whole carry map, or inputs that depend on the carry: autodiff instead.
     assert not has_analytic_jacobian(lambda h, x: (2 * rnn_cell(params, h, x), h), h, x)
     assert not has_analytic_jacobian(lambda h, x: (rnn_cell(params, h, x + h[:I]), h), h, x)

@@ -33,6 +33,7 @@ from bppsa.models import (
 )
 from bppsa.scan import _precision
 from bppsa.scan._core import linear
+from tests.helpers import distinct_state
 
 PRODUCTS = ("dot_general", "conv_general_dilated")
 LINEAR_MAP = "bppsa_linear_map"  # the scan's tangent map (bppsa.scan._core.linear)
@@ -109,7 +110,8 @@ def cell_problem(name):
         name
     ]
     params = model.init(I, H, key=key)
-    init = (jnp.zeros(H), jnp.zeros(H)) if name == "cifg-lstm" else jnp.zeros(H)
+    zeros = (jnp.zeros(H), jnp.zeros(H)) if name == "cifg-lstm" else jnp.zeros(H)
+    init = distinct_state(zeros, jax.random.key(2))  # the CIFG's h is not its c
     return params, model, init
 
 

@@ -1,0 +1,114 @@
+"""The cells ``bppsa.models`` ships run in the fused loops on the GPU profile: within its
+envelope neither ``Fused()`` (the forward) nor ``FusedSequential()`` (the backward) falls back.
+
+A fallback is silent apart from a warning and ``trace_plans()``'s ``*_because``: a change to the
+kernels' analysis that stops one of the library's own cells from fusing (a primitive it cannot
+lower, a lane split it refuses) would otherwise only show as a slower GPU run. The plans are built
+by tracing abstractly (nothing is compiled or run).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import bppsa
+from bppsa.models import CIFGLSTM, GRU, LSTM, RNN, DiagonalGRU, IndRNN
+from bppsa.scan._core.problem import prepare
+from bppsa.scan._profile import GPU
+
+T, I, B = 5, 3, 4
+CELLS = {
+    "rnn": RNN(),
+    "rnn_relu": RNN("relu"),
+    "gru": GRU(),
+    "lstm": LSTM(),
+    "cifg_lstm": CIFGLSTM(),
+    "diagonal_gru": DiagonalGRU(),
+    "indrnn": IndRNN(),
+    "indrnn_tanh": IndRNN("tanh"),
+}
+METHODS = (bppsa.Fused(), bppsa.FusedSequential())
+
+
+def reasons(cell, hidden, batch, profile=GPU):
+    """``{method: why_not(problem, profile)}`` for the scan of ``cell`` over ``T`` float32 steps
+    of one example, or of ``batch`` examples under ``jax.vmap``, its parameters traced."""
+    found = {}
+
+    def scan(params, init, xs):
+        body = lambda state, x: (cell(params, state, x), cell.output(state))
+        problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+        assert (problem.batch, problem.vmapped) == (batch or 1, batch is not None)
+        found.update({method: method.why_not(problem, profile) for method in METHODS})
+        return init
+
+    params = jax.eval_shape(lambda: cell.init(I, hidden, key=jax.random.key(0)))
+    init = jax.eval_shape(lambda: cell.initial_state(hidden))
+    xs = jax.ShapeDtypeStruct((T, I), jnp.float32)
+    if batch is not None:
+        scan = jax.vmap(scan, in_axes=(None, 0, 0))
+        init, xs = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct((batch, *a.shape), a.dtype), (init, xs)
+        )
+    jax.eval_shape(scan, params, init, xs)
+    return found
+
+
+def with_resident(limit):
+    """The GPU profile with the fused loops' ``fused_max_resident`` at ``limit``."""
+    return dataclasses.replace(
+        GPU, kernels=dataclasses.replace(GPU.kernels, fused_max_resident=limit)
+    )
+
+
+@pytest.mark.parametrize("batch", [None, B], ids=["one", f"vmap{B}"])
+@pytest.mark.parametrize("hidden", [20, 64])
+@pytest.mark.parametrize("name", list(CELLS))
+def test_the_librarys_cells_fuse_on_the_gpu_profile(name, hidden, batch):
+    assert reasons(CELLS[name], hidden, batch) == dict.fromkeys(METHODS)
+
+
+def test_the_check_can_fail():
+    """Outside the envelope (the LSTM at H = 64 keeps ``W_hh`` alone, 4 x 64 x 64 entries, loaded)
+    both loops name the limit: ``reasons`` reads the profile it is given."""
+    found = reasons(CELLS["lstm"], 64, B, with_resident(1024))
+    assert set(found) == set(METHODS)
+    assert all("fused_max_resident: 1024" in reason for reason in found.values()), found
+
+
+@pytest.fixture
+def gpu_profile_here():
+    """This backend's decisions made with the GPU profile (its envelope) inside the test."""
+    backend = jax.default_backend()
+    bppsa.set_profile(backend, GPU)
+    try:
+        yield
+    finally:
+        bppsa.set_profile(backend, None)
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_the_decision_records_no_fallback(name, gpu_profile_here):
+    """Through the public route: ``bppsa.grad`` of a vmapped scan at H = 64 with both loops
+    asked for, its plan (``bppsa.trace_plans``) names no reason for either."""
+    cell = CELLS[name]
+
+    def loss(params, inits, xs):
+        def one(init, x):
+            body = lambda state, x: (cell(params, state, x), cell.output(state))
+            carry, ys = bppsa.scan(body, init, x, forward="fused")
+            return jnp.sum(cell.output(carry)) + jnp.sum(ys)
+
+        return jax.vmap(one)(inits, xs).sum()
+
+    params = jax.eval_shape(lambda: cell.init(I, 64, key=jax.random.key(0)))
+    inits = jax.eval_shape(
+        lambda: jax.tree.map(lambda a: jnp.stack([a] * B), cell.initial_state(64))
+    )
+    xs = jax.ShapeDtypeStruct((B, T, I), jnp.float32)
+    grad = bppsa.grad(loss, method=bppsa.FusedSequential())
+    [plan] = bppsa.trace_plans(grad, params, inits, xs)
+    assert (plan.forward, plan.forward_because) == (bppsa.Fused(), None), plan
+    assert (plan.backward, plan.backward_because) == (bppsa.FusedSequential(), None), plan
