@@ -164,7 +164,7 @@ class Footprint:
 def keeps_structure(size: int, width: int | None) -> bool:
     """Whether products of maps of ``size`` floats keep a structure of inner dimension ``width``
     narrower than dense (``None`` or ``0``: no structure)."""
-    return bool(width) and width < size
+    return width is not None and width > 0 and width < size
 
 
 def footprint(
@@ -247,7 +247,7 @@ def available_bytes() -> float:
 def _memory_stats() -> dict | None:
     """The memory statistics of the default device (``jax.default_device``'s, else the first
     local device's), or ``None`` where its backend keeps none."""
-    default = jax.config.jax_default_device
+    default = getattr(jax.config, "jax_default_device", None)
     try:
         if default is None or isinstance(default, str):
             default = jax.local_devices(backend=default)[0]

@@ -48,7 +48,7 @@ def platform_now() -> str:
     device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
     if device is not None:
         return _toolkit(device.platform)
-    default = jax.config.jax_default_device
+    default = getattr(jax.config, "jax_default_device", None)
     if default is None:
         return _toolkit(jax.default_backend())
     if isinstance(default, str):

@@ -31,7 +31,7 @@ tracer cannot build (:func:`plan`'s reason string) is left to the caller.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -154,7 +154,7 @@ def _build(made: Plan, problem: Problem) -> None:
 
 
 def _avals(variables) -> list:
-    return [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in variables]
+    return [jax.ShapeDtypeStruct(jnp.shape(v.aval), v.aval.dtype) for v in variables]
 
 
 def _reverse(forward: Split, mask: tuple[bool, ...], offsets: bool) -> Split:
@@ -191,10 +191,13 @@ def _cone(split: Split, carry, constants, steps) -> list:
     env.update(zip(split.constant_residuals, constants))
     env.update(zip(split.step_residuals, steps))
     run_equations(split.recurrence, env)
-    return [
-        jnp.full(v.aval.shape, v.val, v.aval.dtype) if isinstance(v, Literal) else env[v]
-        for v in split.carry_out
-    ]
+    return [_literal(v) if isinstance(v, Literal) else env[v] for v in split.carry_out]
+
+
+def _literal(v: Literal):
+    """A literal output's value as an array of its shape and type."""
+    aval: Any = v.aval  # a ShapedArray (typed as its base class)
+    return jnp.full(aval.shape, v.val, aval.dtype)
 
 
 def _reverse_step(forward: Split, mask, offsets: bool):
@@ -322,7 +325,6 @@ def carry_cotangents(made: Plan, layout: Layout, consts, carries_before, xs, g_l
         run.defjvp(lambda primals, tangents: jax.jvp(scanned, primals, tangents))
         out = run(g_end, constants, steps)
     it = iter(out)
-    tree = jax.tree.structure(carries_before).unflatten(
-        [next(it) if f else b for b, f in zip(before, made.float_mask)]
-    )
+    treedef: Any = jax.tree.structure(carries_before)  # jaxlib's, unresolved to type checkers
+    tree = treedef.unflatten([next(it) if f else b for b, f in zip(before, made.float_mask)])
     return layout.pack(tree, stacked=True)

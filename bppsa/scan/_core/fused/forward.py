@@ -149,6 +149,7 @@ def _run(plan: FusedPlan, length, consts, init, xs, keep, runner=None):
     interpreter; ``None``: the interpreter)."""
     loop = plan.loop.interpreted if runner is None else plan.loop.on(runner)
     split = loop.split
+    carry_tree: Any  # jaxlib's PyTreeDef, unresolved to type checkers
     carry_leaves, carry_tree = jax.tree.flatten(init)
     x_leaves = jax.tree.leaves(xs)
     env, x_vars, constant_values, steps = residuals(split, consts, x_leaves, length)

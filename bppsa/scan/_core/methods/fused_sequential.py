@@ -43,10 +43,8 @@ class FusedCost(Cost):
         return seconds + self.fused * (rates.fused_step_latency - rates.step_latency)
 
     def times(self, blocks: float) -> FusedCost:
-        return FusedCost(*(getattr(super().times(blocks), f) for f in _FIELDS), self.fused * blocks)
-
-
-_FIELDS = ("steps", "flops", "bytes")
+        scaled = super().times(blocks)
+        return FusedCost(scaled.steps, scaled.flops, scaled.bytes, fused=self.fused * blocks)
 
 
 @dataclasses.dataclass(frozen=True)
