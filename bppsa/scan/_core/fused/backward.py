@@ -39,10 +39,10 @@ from jax.extend.core import Literal
 
 from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused.factors import fold_scalings
-from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
 from bppsa.scan._core.fused.lanes import LANES, Tiled, split_lanes
 from bppsa.scan._core.fused.split import Split, residuals, split_scan_step, split_step
+from bppsa.scan._core.jaxprs.walk import evaluate, flat_jaxpr, run_equations
 
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout

@@ -33,10 +33,10 @@ from jax.extend.core import Literal
 from bppsa.scan import _kernels
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import padded
-from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after, check_options
 from bppsa.scan._core.fused.lanes import LANES, Tiled, split_lanes
 from bppsa.scan._core.fused.split import Split, residuals, shapes_of, split_scan_step
+from bppsa.scan._core.jaxprs.walk import run_equations
 
 if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
