@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import bppsa
-from bppsa.scan._core import element_flow, rules, stacked, structure, structure_check
+from bppsa.scan._core import element_flow, stacked, structure, structure_check
+from bppsa.scan._core.jaxprs import rules
 from tests.core.test_check_structure import (
     A,
     N,

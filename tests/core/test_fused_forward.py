@@ -33,7 +33,7 @@ from bppsa.scan._core.forward import SequentialForward
 from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused import kernel, lanes, padded, triton
 from bppsa.scan._core.fused.forward import Fused
-from bppsa.scan._core.fused.jaxprs import flat_jaxpr
+from bppsa.scan._core.jaxprs.walk import flat_jaxpr
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import GPU
 from tests.helpers import distinct_state, relative_errors

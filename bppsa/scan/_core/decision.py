@@ -16,8 +16,8 @@ again.
 A backward that does not fit the memory limit is not an error of the forward: the decision keeps
 the :class:`~bppsa.scan._core.memory.MemoryLimitError` and raises it where the backward is
 traced (:meth:`Decision.backward_method`). So does a backward that cannot apply the step's
-``jax.custom_vjp`` rules exactly (:mod:`bppsa.scan._core.rules`): unless the user declares them
-linear in the cotangent (``linear_vjp=True``), a scan whose carry reaches one back-propagates
+``jax.custom_vjp`` rules exactly (:mod:`bppsa.scan._core.jaxprs.rules`): unless the user declares
+them linear in the cotangent (``linear_vjp=True``), a scan whose carry reaches one back-propagates
 where a policy chooses, and an explicit method that forms Jacobians is refused. An explicit
 request that runs by another, exact route (a fused kernel that cannot run the step) warns here,
 once per trace, with the reason (:class:`~bppsa.scan._core.fallback.FallbackWarning`); the

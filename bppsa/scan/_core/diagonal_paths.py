@@ -37,14 +37,21 @@ from jax import lax
 from jax.extend.core import Literal
 
 from bppsa.scan._core.element_flow import CALLS, ELEMENTWISE
-from bppsa.scan._core.rules import JVP_RULES, bind
+from bppsa.scan._core.jaxprs import taxonomy
+from bppsa.scan._core.jaxprs.walk import bind
 
 # Primitives whose outputs' elements each come from the elements at the same position of their
-# operands, or are moved copies of them: kept as they are (with their derivatives).
-ALIGNED = ELEMENTWISE | frozenset(
-    """broadcast_in_dim concatenate convert_element_type copy copy_p dynamic_slice
-    dynamic_update_slice expand_dims optimization_barrier pad reshape rev select_n slice split
-    squeeze stop_gradient transpose""".split()  # noqa: SIM905
+# operands, or are moved copies of them: kept as they are (with their derivatives). From the
+# taxonomy: the elementwise ones the element flow reads (whose dependency analysis then finds
+# the diagonal), the moves (but ``stack``, never listed here: a stacked carry-dependent value
+# is cut, and the diagonal's terms through it dropped), ``optimization_barrier`` and
+# ``stop_gradient``, whose values pass unchanged (the sharding annotations are not listed:
+# cut like a mix).
+ALIGNED = (
+    ELEMENTWISE
+    | (taxonomy.MOVES - {"stack"})
+    | (taxonomy.ANNOTATIONS & {"optimization_barrier"})
+    | taxonomy.STOP_GRADIENT
 )
 
 
@@ -93,7 +100,7 @@ def _apply(eqn, ins, deps) -> tuple[list, list]:
     if not any(deps) or name in ALIGNED:
         outs = bind(eqn, *ins)
         return outs, [any(deps)] * len(outs)
-    if name in JVP_RULES:  # its own rule, kept: the structure analysis reads it
+    if name in taxonomy.JVP_RULES:  # its own rule, kept: the structure analysis reads it
         outs = bind(eqn, *ins)
         return outs, [True] * len(outs)
     if name in CALLS:

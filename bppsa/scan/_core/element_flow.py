@@ -13,11 +13,15 @@ and exact where it is cheap: it follows JAX's own autodiff, so values of integer
 (slices, transposes, concatenations, stacks, pads and slices at constant offsets); elementwise
 primitives take the union of their operands'; ``dot_general`` and reductions the union over the
 contracted or reduced axes. A call with its own derivative rule is read by its rule: a
-``custom_jvp`` call through the jaxpr of its rule's JVP (:func:`bppsa.scan._core.rules.jvp_jaxpr`,
-its tangents in the operands' place), a ``custom_vjp`` call, whose backward cannot be read,
-as depending on everything. Everything else (gather, scatter, loops, callbacks, primitives not
-listed here, parameters not understood, a rule that cannot be traced) makes its outputs depend
-on everything.
+``custom_jvp`` call through the jaxpr of its rule's JVP
+(:func:`bppsa.scan._core.jaxprs.rules.jvp_jaxpr`, its tangents in the operands' place), a
+``custom_vjp`` call, whose backward cannot be read, as depending on everything. Everything else
+(gather, scatter, loops, callbacks, primitives not listed here, parameters not understood, a
+rule that cannot be traced) makes its outputs depend on everything.
+
+The primitives are named by the kinds of :mod:`bppsa.scan._core.jaxprs.taxonomy`, which the
+other analyses of jaxprs share (the quasi-Newton diagonal's element-aligned paths, the fused
+kernel's padded rules and lanes); the tables below say which kinds this one reads.
 """
 
 from __future__ import annotations
@@ -30,30 +34,24 @@ import jax
 import numpy as np
 from jax.extend.core import Literal
 
-from bppsa.scan._core import rules
+from bppsa.scan._core.jaxprs import rules, taxonomy
 
 EMPTY = -1
 
-# Names, not lists of strings, so that the table reads as one block.
-ELEMENTWISE = frozenset(
-    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp complex conj
-    convert_element_type copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor
-    ge gt igamma imag integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg
-    nextafter not or polygamma pow real reduce_precision rem round rsqrt select_n sign sin sinh
-    sqrt square sub tan tanh xor zeta""".split()  # noqa: SIM905
-)
-REDUCTIONS = frozenset(
-    "argmax argmin reduce_and reduce_max reduce_min reduce_or reduce_prod reduce_sum".split()  # noqa: SIM905
-)
-CUMULATIVE = frozenset("cumlogsumexp cummax cummin cumprod cumsum".split())  # noqa: SIM905
-CALLS = {  # primitive -> the parameter holding the called jaxpr (operands map 1:1 to its inputs)
-    "jit": "jaxpr",
-    "pjit": "jaxpr",
-    "closed_call": "call_jaxpr",
-    "core_call": "call_jaxpr",
-    "remat2": "jaxpr",
-    "checkpoint": "jaxpr",
-}
+# The primitives handled, from the taxonomy: every elementwise one (a union of the operands'
+# sets) but the integer bit operations, which act on integers only (no derivative, so no set:
+# an equation no set flows into is skipped before its rule is looked up); every reduction and
+# cumulative one (a union along axes); the calls evaluated in place (but ``remat``, which this
+# table never held: no primitive of the JAX this project pins) and a cond's branches; the
+# calls with their own rules, read by their rules. The moves, the contraction ``dot_general``,
+# ``sort``, ``stop_gradient`` and ``optimization_barrier`` have a rule each in ``_RULES``
+# below (every move of the taxonomy but ``expand_dims``, no primitive either). Anything else
+# (``conv_general_dilated``, loops, gathers, scatters, callbacks, sharding annotations)
+# makes its outputs depend on everything.
+ELEMENTWISE = taxonomy.ELEMENTWISE - taxonomy.INTEGER_BITS
+REDUCTIONS = taxonomy.REDUCTIONS
+CUMULATIVE = taxonomy.CUMULATIVE
+CALLS = {name: key for name, key in taxonomy.CALLS.items() if name != "remat"}
 
 
 def empty(shape: Sequence[int]) -> np.ndarray:
@@ -177,11 +175,11 @@ def _rule(name: str) -> Callable | None:
         return _elementwise
     if name in REDUCTIONS:
         return _reduction
-    if name in CALLS or name == "cond":
+    if name in CALLS or name in taxonomy.BRANCHES:
         return _call
-    if name in rules.JVP_RULES:
+    if name in taxonomy.JVP_RULES:
         return _jvp_rule
-    if name in rules.VJP_RULES:
+    if name in taxonomy.VJP_RULES:
         return _vjp_rule
     return _RULES.get(name)
 

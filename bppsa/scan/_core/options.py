@@ -46,7 +46,7 @@ class Options:
         precision: of the library's own matrix products, in JAX's canonical form (see
             :mod:`bppsa.scan._precision`; unset: ``"highest"``).
         linear_vjp: the user's word that the backward of every ``jax.custom_vjp`` function
-            the carry reaches is linear in its cotangent (see :mod:`bppsa.scan._core.rules`);
+            the carry reaches is linear in its cotangent (see :mod:`bppsa.scan._core.jaxprs.rules`);
             unset: it may not be, and only back-propagation runs such a step.
     """
 

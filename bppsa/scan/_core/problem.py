@@ -19,10 +19,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bppsa.scan._core import arguments, rules, tracing
+from bppsa.scan._core import arguments, tracing
 from bppsa.scan._core.body import Body, trace_body
 from bppsa.scan._core.carry import BatchedLayout, Layout, is_float, unstacked
 from bppsa.scan._core.diagonal_paths import diagonal
+from bppsa.scan._core.jaxprs import rules
 from bppsa.scan._core.memory import Footprint, footprint
 from bppsa.scan._core.stacked import steps_with_jacobians
 from bppsa.scan._core.structure import Structure, carry_structure
@@ -111,7 +112,7 @@ class Problem:
     @functools.cached_property
     def opaque_rules(self) -> tuple[str, ...]:
         """The ``jax.custom_vjp`` functions whose inputs the step's carry may reach (their
-        names; :func:`bppsa.scan._core.rules.opaque_rules`): only back-propagation applies
+        names; :func:`bppsa.scan._core.jaxprs.rules.opaque_rules`): only back-propagation applies
         their backwards exactly unless the user says they are linear."""
         return rules.opaque_rules(
             lambda carry, x, *consts: self.body.step(carry, x, *consts)[:2],

@@ -41,7 +41,6 @@ from jax.extend.core import Literal
 from bppsa.scan._core.fused import dispatch
 from bppsa.scan._core.fused.backend import CANNOT
 from bppsa.scan._core.fused.factors import fold_scalings
-from bppsa.scan._core.fused.jaxprs import evaluate, flat_jaxpr, run_equations
 from bppsa.scan._core.fused.kernel import carries_after
 from bppsa.scan._core.fused.plan import Loop, plan_loop
 from bppsa.scan._core.fused.split import (
@@ -51,6 +50,7 @@ from bppsa.scan._core.fused.split import (
     split_scan_step,
     split_step,
 )
+from bppsa.scan._core.jaxprs.walk import evaluate, flat_jaxpr, run_equations
 
 if TYPE_CHECKING:
     from bppsa.scan._core.carry import Layout

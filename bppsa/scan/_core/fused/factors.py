@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
-from bppsa.scan._core.fused.jaxprs import bind
+from bppsa.scan._core.jaxprs.walk import bind
 
 _SUMS = frozenset({"add", "add_any", "sub"})
 

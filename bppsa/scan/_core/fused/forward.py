@@ -29,10 +29,10 @@ from jax.extend.core import Literal
 from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import dispatch
 from bppsa.scan._core.fused.backend import AUTO, CANNOT, check_options, launch_fields
-from bppsa.scan._core.fused.jaxprs import run_equations
 from bppsa.scan._core.fused.kernel import carries_after
 from bppsa.scan._core.fused.plan import Loop, no_backend, plan_loop
 from bppsa.scan._core.fused.split import residuals, shapes_of, split_scan_step
+from bppsa.scan._core.jaxprs.walk import run_equations
 from bppsa.scan._profile import Kernels
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ import jax
 from jax.extend.core import Literal
 
 from bppsa.scan._core.fused.backend import CANNOT
-from bppsa.scan._core.fused.jaxprs import bind
 from bppsa.scan._core.fused.padded import ELEMENTWISE, pow2
+from bppsa.scan._core.jaxprs.walk import bind
 
 # none of the operand's axes holds lanes (the value is the same for every lane)
 NONE = None

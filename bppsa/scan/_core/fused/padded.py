@@ -29,7 +29,8 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
-from bppsa.scan._core.fused.jaxprs import bind
+from bppsa.scan._core.jaxprs import taxonomy
+from bppsa.scan._core.jaxprs.walk import bind
 
 
 def pow2(n: int) -> int:
@@ -62,31 +63,24 @@ def masked(x, shape: Sequence[int], axes: Sequence[int], fill) -> Any:
     return lax.select(mask, x, lax.full_like(x, fill))
 
 
-ELEMENTWISE = frozenset(
-    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp clz
-    convert_element_type copy copy_p cos cosh div eq erf_inv exp exp2 expm1 floor ge gt
-    integer_pow is_finite le log log1p logistic lt max min mul ne neg nextafter not or
-    population_count pow rem rsqrt select_n shift_left shift_right_arithmetic
-    shift_right_logical sign sin sinh sqrt square sub tan tanh xor""".split()  # noqa: SIM905
+# The elementwise primitives of the taxonomy that have a padded rule (lane by lane): all but the
+# complex ones (the kernel refuses complex dtypes), and the special functions (``erf_inv``
+# aside), ``round`` and ``reduce_precision``, which the Triton lowering has no rule for.
+# :func:`unsupported` asks the lowering of every equation anyway.
+ELEMENTWISE = (
+    taxonomy.ELEMENTWISE
+    - taxonomy.COMPLEX_PARTS
+    - (taxonomy.SPECIAL - {"erf_inv"})
+    - {"round", "reduce_precision"}
 )
-# computed in float32 for low-precision floats (not comparisons, conversions, selections)
-_UPCAST = ELEMENTWISE - {
-    "convert_element_type",
-    "copy",
-    "copy_p",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "select_n",
-    "is_finite",
-    "and",
-    "or",
-    "not",
-    "xor",
-}
+# computed in float32 for low-precision floats (not conversions, comparisons, selections)
+_UPCAST = (
+    ELEMENTWISE
+    - taxonomy.CONVERSIONS
+    - taxonomy.PREDICATES
+    - taxonomy.SELECTIONS
+    - taxonomy.LOGICAL
+)
 _LOW = (jnp.bfloat16, jnp.float16)
 
 

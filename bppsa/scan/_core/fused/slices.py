@@ -20,8 +20,8 @@ import jax
 from jax import lax
 from jax.extend.core import ClosedJaxpr, Literal
 
-from bppsa.scan._core.fused.jaxprs import bind
 from bppsa.scan._core.fused.padded import ELEMENTWISE
+from bppsa.scan._core.jaxprs.walk import bind
 
 Index = tuple[tuple[int, int, int], ...]  # (start, stop, stride) per axis
 

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jax.extend.core import ClosedJaxpr, Literal
 
-from bppsa.scan._core.fused.jaxprs import flat_jaxpr, run_equations
 from bppsa.scan._core.fused.slices import push_slices
+from bppsa.scan._core.jaxprs.walk import flat_jaxpr, run_equations
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -1,9 +1,14 @@
-"""Evaluating jaxprs by binding their primitives: calls inlined, equations run in place.
+"""Walking jaxprs: binding their equations, calls inlined, equations run in place.
 
-Calls with their own derivative rules (``custom_jvp``, ``custom_vjp``) are inlined for the
-forward, which no derivative runs through; a step that is differentiated afterwards (the fused
-backward's reverse step) keeps them whole (``rules=True``), so that ``jax.vjp`` applies each
-rule as it does through ``lax.scan``.
+:func:`bind` runs one equation's primitive on values (a call with its own derivative rule kept
+whole); :func:`evaluate` runs a jaxpr equation by equation, evaluating the calls of
+:data:`~bppsa.scan._core.jaxprs.taxonomy.CALLS` in place. Calls with their own derivative rules
+(``custom_jvp``, ``custom_vjp``) are inlined for the forward, which no derivative runs through;
+a step that is differentiated afterwards (the fused backward's reverse step) keeps them whole
+(``rules=True``), so that ``jax.vjp`` applies each rule as it does through ``lax.scan``.
+
+JAX's internal read here: the parameters that rebuild a call's subfunctions
+(``get_bind_params``), with a fallback for the versions that return them split off.
 """
 
 from __future__ import annotations
@@ -14,19 +19,29 @@ from typing import Any
 import jax
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from bppsa.scan._core.rules import JVP_RULES, VJP_RULES, bind
+from bppsa.scan._core.jaxprs import taxonomy
 
-# Primitives whose inner jaxpr is evaluated in place.
-INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint"})
-# Calls with their own derivative rules: inlined only where nothing differentiates the result.
-RULES = JVP_RULES | VJP_RULES
+# Every call of the taxonomy: the parameter that holds the called jaxpr is searched for below,
+# so names of older JAX versions need no entry of their own.
+INLINED = frozenset(taxonomy.CALLS)
+
+
+def bind(eqn, *args: Any, **updates: Any) -> list[Any]:
+    """``eqn``'s primitive bound to ``args`` with its parameters (``updates`` replacing some):
+    a call with its own rule keeps it (its subfunctions are rebuilt from the parameters)."""
+    params = eqn.primitive.get_bind_params(eqn.params)
+    subfuns: Sequence[Any] = ()
+    if isinstance(params, tuple):  # JAX versions that split off the subfunctions
+        subfuns, params = params
+    out = eqn.primitive.bind(*subfuns, *args, **{**params, **updates})
+    return list(out) if eqn.primitive.multiple_results else [out]
 
 
 def _inner(eqn, rules: bool = False) -> tuple[Jaxpr, Sequence[Any]] | None:
     """The jaxpr and consts an inlined call evaluates (``None``: not an inlined call; with
     ``rules``, calls with their own derivative rules are not inlined)."""
     name = eqn.primitive.name
-    if name not in INLINED and (rules or name not in RULES):
+    if name not in INLINED and (rules or name not in taxonomy.WITH_RULES):
         return None
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         inner = eqn.params.get(key)

@@ -12,8 +12,7 @@ cotangents is exact only for a rule that is linear; back-propagation, which call
 step with the whole cotangent, is exact for any. :func:`opaque_rules` names the calls the carry
 reaches, for the decision (:mod:`bppsa.scan._core.decision`).
 
-JAX's internals read here (each with a fallback): the parameters that rebuild a call's
-subfunctions (``get_bind_params``) and the traced function's name (``debug_info``).
+JAX's internal read here (with a fallback): the traced function's name (``debug_info``).
 """
 
 from __future__ import annotations
@@ -26,20 +25,8 @@ import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from bppsa.scan._core.carry import is_float
-
-JVP_RULES = frozenset({"custom_jvp_call"})
-VJP_RULES = frozenset({"custom_vjp_call", "custom_vjp_call_jaxpr"})  # the second: older JAX
-
-
-def bind(eqn, *args: Any, **updates: Any) -> list[Any]:
-    """``eqn``'s primitive bound to ``args`` with its parameters (``updates`` replacing some):
-    a call with its own rule keeps it (its subfunctions are rebuilt from the parameters)."""
-    params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns: Sequence[Any] = ()
-    if isinstance(params, tuple):  # JAX versions that split off the subfunctions
-        subfuns, params = params
-    out = eqn.primitive.bind(*subfuns, *args, **{**params, **updates})
-    return list(out) if eqn.primitive.multiple_results else [out]
+from bppsa.scan._core.jaxprs.taxonomy import JVP_RULES, VJP_RULES
+from bppsa.scan._core.jaxprs.walk import bind
 
 
 def name(eqn) -> str:
