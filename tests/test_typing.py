@@ -3,7 +3,8 @@
 ``bppsa.scan`` is a module made callable at run time; to a type checker it is
 ``bppsa.scan._ScanModule``, the function's signature with the subpackage's names. mypy runs on
 the README's examples and on a snippet of the front door, and must reject a wrong argument
-(so that the check can fail).
+(so that the check can fail). The package itself type-checks clean under pyproject.toml's
+``[tool.mypy]``, as ``make lint`` runs it.
 """
 
 import inspect
@@ -71,6 +72,17 @@ def test_a_wrong_argument_is_a_type_error(tmp_path):
     result = _mypy(tmp_path, {"wrong": WRONG})
     assert result.returncode == 1
     assert 'Argument "method"' in result.stdout and "Method | Policy | str | None" in result.stdout
+
+
+def test_the_package_type_checks(tmp_path):
+    # The configuration of pyproject.toml (run from the repository root), with a cache of its
+    # own: about 10 s.
+    command = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / ".mypy_cache")]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Every module was checked (not a configuration that finds none).
+    modules = len(list((ROOT / "bppsa").rglob("*.py")))
+    assert f"no issues found in {modules} source files" in result.stdout, result.stdout
 
 
 def test_the_type_of_bppsa_scan_lists_the_names_of_the_subpackage():

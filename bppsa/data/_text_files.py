@@ -116,7 +116,9 @@ def _files(source: pathlib.Path, keep: Callable[[str], bool]) -> tuple[list[str]
                 if member.isfile():
                     names.append(member.name.removeprefix("./"))
                     if keep(names[-1]):
-                        data[names[-1]] = archive.extractfile(member).read()
+                        file = archive.extractfile(member)
+                        assert file is not None  # None only for members that are not files
+                        data[names[-1]] = file.read()
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         raise TextError(source, f"neither a folder nor a readable tar archive ({error}).") from None
     return sorted(names), data

@@ -31,6 +31,7 @@ Reference: Krizhevsky, *Learning Multiple Layers of Features from Tiny Images*, 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import pathlib
 import pickle
@@ -40,12 +41,14 @@ import numpy as np
 
 from bppsa.data._images import SPLITS, ImageSet, _check_split, _float_dtype, standardize
 
-try:  # NumPy >= 2 (its pickles name numpy._core); NumPy 1.x only has numpy.core
-    from numpy._core import multiarray as _multiarray
-    from numpy._core import numeric as _numeric
+# NumPy >= 2 (its pickles name numpy._core); NumPy 1.x only has numpy.core. Imported by name:
+# the private functions read from them below are not in NumPy's stubs.
+try:
+    _multiarray = importlib.import_module("numpy._core.multiarray")
+    _numeric = importlib.import_module("numpy._core.numeric")
 except ImportError:  # pragma: no cover - NumPy 1.x
-    from numpy.core import multiarray as _multiarray
-    from numpy.core import numeric as _numeric
+    _multiarray = importlib.import_module("numpy.core.multiarray")
+    _numeric = importlib.import_module("numpy.core.numeric")
 
 DIRECTORY = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pathlib
 import pickle
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,7 +46,11 @@ class _Python2Pickler(pickle._Pickler):
 
     The pure-Python pickler is used because only it dispatches on ``bytes`` and ``str``."""
 
-    dispatch = pickle._Pickler.dispatch.copy()
+    # The pure-Python pickler's undocumented internals, which typeshed leaves out (write,
+    # memoize) or types as the unpickler's (dispatch).
+    write: Callable[[bytes], Any]
+    memoize: Callable[[Any], None]
+    dispatch: ClassVar[dict[type, Callable[[Any, Any], None]]] = pickle._Pickler.dispatch.copy()
     # What NumPy reduces an array to -> its name in the real files.
     _GLOBALS: ClassVar[dict[Any, str]] = {
         np.zeros(0).__reduce__()[0]: "numpy.core.multiarray\n_reconstruct\n",

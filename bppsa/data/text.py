@@ -270,7 +270,7 @@ def _check_fractions(fractions) -> tuple[float, float, float]:
             f"fractions must be three numbers >= 0 for {SPLITS}, summing to 1, the first > 0; "
             f"got {fractions!r}."
         )
-    return tuple(float(v) for v in values)
+    return float(values[0]), float(values[1]), float(values[2])
 
 
 def load(

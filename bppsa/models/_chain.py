@@ -89,7 +89,7 @@ class Chain:
         (4, 10)
     """
 
-    layers: tuple
+    layers: Sequence  # any sequence of layers; stored as a tuple
 
     def __post_init__(self):
         layers = tuple(self.layers)

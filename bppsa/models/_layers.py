@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -73,6 +73,12 @@ def _window_output(input_hw, kernel, stride, padding=(0, 0)) -> tuple[int, int]:
     return tuple(
         (size + 2 * p - k) // s + 1 for size, k, s, p in zip(input_hw, kernel, stride, padding)
     )
+
+
+def _stored(value: int | tuple[int, int] | None) -> tuple[int, int]:
+    """A window field after ``__post_init__``, which stores ints (and a default stride) as
+    pairs."""
+    return cast(tuple[int, int], value)
 
 
 class Layer:
@@ -152,14 +158,15 @@ class Conv2d(Layer):
             object.__setattr__(self, name, pair(name, getattr(self, name), minimum=minimum))
 
     def param_shapes(self) -> dict[str, Shape]:
-        kh, kw = self.kernel_size
+        kh, kw = _stored(self.kernel_size)
         return {
             "weight": (self.out_channels, self.in_channels, kh, kw),
             "bias": (self.out_channels,),
         }
 
     def init(self, key: Array, *, dtype=jnp.float32) -> Params:
-        fan_in = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
+        kh, kw = _stored(self.kernel_size)
+        fan_in = self.in_channels * kh * kw
         return _uniform_params(key, self.param_shapes(), fan_in, dtype)
 
     def _output_shape(self, input_shape: Shape) -> Shape:
@@ -175,11 +182,11 @@ class Conv2d(Layer):
     def __call__(self, params: Params, x: Array, mask: Mask = None) -> Array:
         self._check_batch(x)
         params = apply_mask(params, mask)
-        (ph, pw) = self.padding
+        (ph, pw) = _stored(self.padding)
         y = jax.lax.conv_general_dilated(
             x,
             params["weight"],
-            self.stride,
+            _stored(self.stride),
             [(ph, ph), (pw, pw)],
             dimension_numbers=("NCHW", "OIHW", "NCHW"),
         )
@@ -188,7 +195,7 @@ class Conv2d(Layer):
     def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):
         return conv2d_jacobian_t(
             params["weight"],
-            tuple(x.shape[-2:]),
+            cast(tuple[int, int], tuple(x.shape[-2:])),
             stride=self.stride,
             padding=self.padding,
             mask=(mask or {}).get("weight"),
@@ -279,7 +286,12 @@ class MaxPool2d(Layer):
     def __call__(self, params: Params, x: Array, mask: Mask = None) -> Array:
         self._check_batch(x)
         return jax.lax.reduce_window(
-            x, -jnp.inf, jax.lax.max, (1, 1, *self.kernel_size), (1, 1, *self.stride), "VALID"
+            x,
+            -jnp.inf,
+            jax.lax.max,
+            (1, 1, *_stored(self.kernel_size)),
+            (1, 1, *_stored(self.stride)),
+            "VALID",
         )
 
     def transposed_jacobian(self, params: Params, x: Array, mask: Mask = None):

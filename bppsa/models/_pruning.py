@@ -34,7 +34,7 @@ def _weights(params: Sequence) -> list[np.ndarray | None]:
             f"params must be a list with one dict per layer (Chain.init), got "
             f"{type(params).__name__}."
         )
-    weights = []
+    weights: list[np.ndarray | None] = []
     for i, p in enumerate(params):
         if not isinstance(p, dict) or "weight" not in p:
             weights.append(None)
@@ -123,7 +123,8 @@ def sparsity_of(masks: Sequence) -> Sparsity:
     """The fraction of weights each layer's mask removes, and overall (biases not counted)."""
     if not isinstance(masks, list | tuple):
         raise TypeError(f"masks must be a list with one entry per layer, got {type(masks)}.")
-    per_layer, removed, total = [], 0, 0
+    per_layer: list[float | None] = []
+    removed, total = 0, 0
     for mask in masks:
         weight = (mask or {}).get("weight")
         if weight is None:

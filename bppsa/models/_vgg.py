@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from bppsa.models._chain import Chain
-from bppsa.models._layers import Conv2d, Flatten, Linear, MaxPool2d, ReLU
+from bppsa.models._layers import Conv2d, Flatten, Layer, Linear, MaxPool2d, ReLU
 
 # Output channels of each 3x3 convolution; "M" is a 2x2 max pooling.
-VGG11 = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
+VGG11: tuple[int | str, ...] = (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M")
 
 
 def vgg11(num_classes: int = 10, in_channels: int = 3) -> Chain:
@@ -25,10 +25,10 @@ def vgg11(num_classes: int = 10, in_channels: int = 3) -> Chain:
     Returns:
         A :class:`Chain` of 23 layers (8 Conv2d, 8 ReLU, 5 MaxPool2d, Flatten, Linear).
     """
-    layers = []
+    layers: list[Layer] = []
     channels = in_channels
     for width in VGG11:
-        if width == "M":
+        if isinstance(width, str):  # "M"
             layers.append(MaxPool2d(2))
         else:
             layers += [Conv2d(channels, width, 3, padding=1), ReLU()]

@@ -25,6 +25,7 @@ from bppsa.scan._elements import Dense, MapStack, concat
 from bppsa.scan._sparse import Sparse, _dense_shape
 
 Element = tuple[MapStack, Array]  # an affine map g -> A g + b, stacked: (A, b)
+Maps = MapStack | list[MapStack] | tuple[MapStack, ...]  # a stack, or a chain's maps in a list
 
 
 def combine(later: Element, earlier: Element) -> Element:
@@ -49,7 +50,7 @@ def apply(vector: Array, element: Element) -> Array:
     return a.apply(vector) + b
 
 
-def sequential(g_last: Array, linear: MapStack | Sequence[MapStack], offsets: Array | None):
+def sequential(g_last: Array, linear: Maps, offsets: Array | None):
     """Linear reverse scan (back-propagation itself): ``len(linear)`` dependent steps.
 
     Args:
@@ -80,7 +81,7 @@ def sequential(g_last: Array, linear: MapStack | Sequence[MapStack], offsets: Ar
 
 def blelloch(
     g_last: Array,
-    linear: MapStack | Sequence[MapStack],
+    linear: Maps,
     offsets: Array | None,
     levels: int | None = None,
 ):
@@ -179,6 +180,7 @@ class _Stack:
 
     def paired(self, level) -> _Stack:
         a, b, m = self.maps, self.offsets, len(self)
+        assert a is not None and b is not None  # sweeps pairs only non-empty levels
         pairs = (m - 1) // 2
         if pairs:
             later = (a.take(1, 2 * pairs, 2), b[1 : 2 * pairs : 2])
@@ -306,7 +308,7 @@ def _map_shape(element: MapStack) -> tuple[int, int]:
     if isinstance(element, Sparse):
         return element.shape
     if isinstance(element, Dense):
-        return tuple(element.a.shape[-2:])
+        return element.a.shape[-2], element.a.shape[-1]
     return _dense_shape(element)
 
 

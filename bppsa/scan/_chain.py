@@ -212,7 +212,7 @@ def chain_plan(
 def _critical(rows: list[dict]) -> list[bool]:
     """Whether each row lies on a longest path of the dependence graph (rows are in
     topological order)."""
-    depth = []
+    depth: list[int] = []
     for row in rows:
         depth.append(1 + max((depth[d] for d in row["depends"]), default=0))
     height = [1] * len(rows)

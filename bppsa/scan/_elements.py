@@ -21,7 +21,7 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self, cast
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,8 @@ class MapStack(abc.ABC):
 
     per_step_fields: ClassVar[tuple[str, ...]]
     shared_fields: ClassVar[tuple[str, ...]]
+    # Set by @dataclasses.dataclass on each subclass: what dataclasses.replace and fields need.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     # -- what an element type must say -------------------------------------------------------
 
@@ -163,7 +165,9 @@ class MapStack(abc.ABC):
 
     def stack_axes(self) -> Self:
         """``out_axes`` for ``jax.vmap`` building such a stack with its shared fields unbatched."""
-        axes = {name: 0 for name, v in self.per_step().items() if v is not None}
+        axes: dict[str, int | None] = {
+            name: 0 for name, v in self.per_step().items() if v is not None
+        }
         axes |= {name: None for name in self.shared_fields}
         return dataclasses.replace(self, **axes)
 
@@ -240,7 +244,7 @@ class Structured(MapStack):
             # A few small rows (a sequential scan's step at a small batch): one fused
             # multiply-and-sum beats a matrix-product call (Kernels.small_rows).
             out = (scaled[..., :, None] * self.u.T).sum(-2)
-        elif self._folds_diagonal(v.shape):
+        elif self.e is not None and self._folds_diagonal(v.shape):
             # [d * tile(v), e * v] @ [u^T; I]: the diagonal term inside the product, one kernel
             # less per step (at one row XLA's fused loop of the product apart wins).
             folded = jnp.concatenate([scaled, self.e * v], axis=-1)
@@ -363,8 +367,9 @@ def concat(parts: Sequence[MapStack]) -> MapStack:
     if all(_compatible(first, p) for p in parts[1:]):
         fields = {}
         for name, value in first.per_step().items():
-            if value is not None:
-                fields[name] = jnp.concatenate([p.per_step()[name] for p in parts], axis=0)
+            if value is not None:  # then not None in any part (_compatible)
+                per_part = [cast(Array, p.per_step()[name]) for p in parts]
+                fields[name] = jnp.concatenate(per_part, axis=0)
         return first.with_per_step(**fields)
     return Dense(jnp.concatenate([p.to_dense().a for p in parts], axis=0))
 

@@ -146,7 +146,7 @@ def product_plan(
         raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}.")
-    structs = [_structure(x, name) for x, name in ((later, "later"), (earlier, "earlier"))]
+    structs = (_structure(later, "later"), _structure(earlier, "earlier"))
     copies = (batch if later_per_example else 1, batch if earlier_per_example else 1)
     plan, _ = plan_structures(*structs, copies, densify_density, densify_pair_ratio, method)
     return plan
@@ -318,7 +318,7 @@ class _Pairs:
                 np.where(valid, pairs[index], pad).astype(np.int32)
                 for pairs, pad in zip((self.earlier, self.later), self.pads)
             ]
-            out.append((entries, *tables))
+            out.append((entries, tables[0], tables[1]))
         return out
 
 

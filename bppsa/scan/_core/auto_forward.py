@@ -120,13 +120,14 @@ class AutoForward:
             return SEQUENTIAL, why
         if profile.measured_rules:
             return SEQUENTIAL, "measured: the Newton forward is slower than lax.scan on CPUs"
+        best: Forward = SEQUENTIAL
+        best_seconds, name = None, "lax.scan"
         fused_seconds = cost.fused_forward(fp, profile)
         if fused_seconds is None:
             fused = "the profile has no fused kernel"
-        best, best_seconds, name = SEQUENTIAL, None, "lax.scan"
-        if fused is None and fused_seconds < cost.sequential_forward(fp).seconds(profile):
+        elif fused is None and fused_seconds < cost.sequential_forward(fp).seconds(profile):
             best, best_seconds, name = Fused(), fused_seconds, "the fused kernel"
-        elif fused is not None:
+        if fused is not None:
             name = f"lax.scan (fused kernel: {fused})"
         if solver is None:
             return best, f"{name}: no solver of the Newton iterations fits the memory limit"

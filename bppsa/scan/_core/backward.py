@@ -38,7 +38,13 @@ def steps_vjp(all_steps, consts, carries_before, xs, ct_ys):
 
 
 def linearize_steps(
-    all_steps: Callable, layout: Layout, consts, carries_before, xs, ct_ys, jac_t=None
+    all_steps: Callable,
+    layout: Layout | BatchedLayout,
+    consts,
+    carries_before,
+    xs,
+    ct_ys,
+    jac_t=None,
 ):
     """One evaluation of all the steps of a span: their transposed Jacobians, the offsets that
     the outputs' cotangents ``ct_ys`` send to the carries, and the VJP w.r.t. consts and xs.
@@ -52,10 +58,11 @@ def linearize_steps(
         ``ct_ys`` with zeros filled in.
     """
     if ct_ys is None:
-        (carries_after, ys), vjp, formed = vjp_without_carries(
+        (carries_after, ys), vjp_consts_xs, formed = vjp_without_carries(
             all_steps, consts, carries_before, xs
         )
-        return (formed if jac_t is None else jac_t), None, vjp, jax.tree.map(zero_cotangent, ys)
+        jac_t = formed if jac_t is None else jac_t
+        return jac_t, None, vjp_consts_xs, jax.tree.map(zero_cotangent, ys)
     (carries_after, _), vjp_all, formed = jax.vjp(
         all_steps, consts, carries_before, xs, has_aux=True
     )

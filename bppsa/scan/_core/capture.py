@@ -222,14 +222,14 @@ def _build_checked(name, builder, params, state, x, options) -> MapStack:
             "axis, so each needs one; got shapes "
             f"{[tuple(jnp.shape(leaf)) for leaf in leaves]} (use shape (1,) for a scalar)."
         )
-    batch = {tuple(jnp.shape(leaf)[:-1]) for leaf in leaves}
-    if len(batch) != 1:
+    batches = {tuple(jnp.shape(leaf)[:-1]) for leaf in leaves}
+    if len(batches) != 1:
         raise ValueError(
             f"bppsa.scan: {where} acts on the state's leaves concatenated along their last "
             "axis, so they must share their leading dims; got shapes "
             f"{[tuple(jnp.shape(leaf)) for leaf in leaves]}."
         )
-    (batch,) = batch
+    (batch,) = batches
     n = sum(jnp.shape(leaf)[-1] for leaf in leaves)
     if isinstance(built, Dense):
         expected = {"a": (*batch, n, n)}

@@ -18,7 +18,7 @@ def is_float(leaf: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
-def zero_cotangent(aval: Any) -> Array:
+def zero_cotangent(aval: Any) -> Array | np.ndarray:
     """A zero cotangent for a leaf: ``float0`` for integer and boolean leaves, as JAX expects."""
     if is_float(aval):
         return jnp.zeros(aval.shape, aval.dtype)
@@ -103,9 +103,9 @@ class Layout:
         ]
 
     def _merge(self, floats: list[Array], others: list[Any]) -> Any:
-        floats, others = iter(floats), iter(others)
+        float_leaves, other_leaves = iter(floats), iter(others)
         return self.treedef.unflatten(
-            [next(floats) if f else next(others) for f in self.float_mask]
+            [next(float_leaves) if f else next(other_leaves) for f in self.float_mask]
         )
 
     def unpack(self, vector: Array, like: Any, *, stacked: bool = False) -> Any:

@@ -139,7 +139,7 @@ class Flow:
         def read(v):
             return empty(v.aval.shape) if isinstance(v, Literal) else env[v]
 
-        def value(v):
+        def known_value(v):
             return v.val if isinstance(v, Literal) else known.get(v)
 
         for eqn in jaxpr.eqns:
@@ -148,7 +148,7 @@ class Flow:
             if all(s.shape[-1] == 0 for s in ins):  # no carry flows in
                 outs = [empty(shape) for shape in shapes]
             else:
-                outs = self.apply(eqn, ins, [value(v) for v in eqn.invars], shapes)
+                outs = self.apply(eqn, ins, [known_value(v) for v in eqn.invars], shapes)
             for v, s, shape in zip(eqn.outvars, outs, shapes):
                 env[v] = s if _is_float(v.aval) else empty(shape)
         return [read(v) for v in jaxpr.outvars]

@@ -12,6 +12,7 @@ their reasons in :func:`bppsa.trace_plans`.
 from __future__ import annotations
 
 import sys
+import types
 import warnings
 
 
@@ -49,7 +50,8 @@ def warn(request: str, route: str, reason: str) -> None:
 def caller_stacklevel() -> int:
     """The ``stacklevel`` of the innermost caller outside bppsa and JAX (the user's line that
     traces the scan or its derivative), so that a library's warning points there."""
-    frame, level = sys._getframe(2), 2
+    frame: types.FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
         "bppsa",
         "jax",

@@ -262,7 +262,8 @@ def _masks_list(chain, masks) -> list:
 def _split_masks(chain, masks) -> tuple[list, list]:
     """Masks with concrete values (their pruned entries leave the static patterns) apart from
     traced ones (which can only zero values)."""
-    static, traced = [], []
+    static: list = []
+    traced: list = []
     for m in _masks_list(chain, masks):
         leaves = jax.tree.leaves(m)
         if m is not None and all(not isinstance(v, jax.core.Tracer) for v in leaves):

@@ -41,8 +41,10 @@ from bppsa.scan._core.carry import floats_only, zeros_for_none
 try:
     from jax.extend.core import Primitive
     from jax.interpreters import ad, batching, mlir
+
+    _EXTENSION_API = True
 except ImportError as err:  # pragma: no cover - a JAX without the extension API
-    Primitive = ad = batching = mlir = None
+    _EXTENSION_API = False
     tracing.record_problem("linear_map", f"cannot define a JAX primitive: {err}")
 
 
@@ -101,7 +103,7 @@ def linear_map(
 
     rule = _Rule(flat_fn, flat_transpose, len(res_leaves), out_leaves, flat_batched)
     out = _PRIMITIVE.bind(*res_leaves, *lin_leaves, rule=rule)
-    return out_tree.unflatten(out)
+    return jax.tree.unflatten(out_tree, out)
 
 
 def jvp_rule(
@@ -241,7 +243,7 @@ def _batch(args, dims, *, rule):
 
 
 def _define():
-    if Primitive is None:  # pragma: no cover
+    if not _EXTENSION_API:  # pragma: no cover
         return None
     try:
         primitive = Primitive("bppsa_linear_map")

@@ -131,7 +131,7 @@ class Problem:
     @property
     def dense_because(self) -> str | None:
         """Why an autodiff body's Jacobians are dense (``None`` otherwise)."""
-        if self.body.analytic or self.structure.kind != "dense":
+        if self.structure is None or self.structure.kind != "dense":  # analytic or structured
             return None
         return self.structure.reason
 
@@ -142,7 +142,7 @@ class Problem:
         block-diagonal; then quasi-Newton gets the diagonals of the Jacobians from a VJP per
         colour of that. ``None`` elsewhere (analytic or structured Jacobians are cheap to form
         whole; a derivative that moves elements gets the dense one's diagonal)."""
-        if self.body.analytic or self.structure.kind != "dense":
+        if self.structure is None or self.structure.kind != "dense":  # analytic or structured
             return None
         structure = self._carry_structure(diagonal)
         return None if structure.kind == "dense" else structure

@@ -84,7 +84,8 @@ def carry_dependencies(
     shapes = [tuple(leaf.shape) if hasattr(leaf, "shape") else np.shape(leaf) for leaf in leaves]
     n = sum(math.prod(shape) for shape, f in zip(shapes, floats) if f)
     closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(carry, *others)
-    if jax.tree.structure(out_shape) != treedef:
+    # JAX's PyTreeDef (jaxlib's, without stubs) is unresolved to type checkers.
+    if jax.tree.structure(out_shape) != treedef:  # type: ignore[operator]
         raise ValueError(
             f"fun must return a new carry of the carry's structure {treedef}; "
             f"got {jax.tree.structure(out_shape)}"

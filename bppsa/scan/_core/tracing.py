@@ -53,19 +53,26 @@ try:
     from jax._src import core as _core
     from jax._src.interpreters import ad as _ad
     from jax._src.interpreters import batching as _batching
+
+    _READS_TRACES = True
 except ImportError as err:  # pragma: no cover - a JAX without these modules
-    _core = _ad = _batching = None
+    _READS_TRACES = False
     _problems["traces"] = f"cannot import JAX's trace modules: {err}"
 
 try:
     from jax._src import config as _config
+
+    _READS_CONFIG = True
 except ImportError:  # pragma: no cover - a JAX without it: every state below falls back
-    _config = None
+    _READS_CONFIG = False
 
 
 def _jit_key_state(feature: str, name: str, default: Any, help_text: str) -> Any:
     """A JAX configuration state in ``jax.jit``'s cache key (and the trace context), or
     ``None`` where JAX's configuration API changed (recorded under ``feature``)."""
+    if not _READS_CONFIG:  # pragma: no cover - see its import
+        _problems[feature] = "cannot import JAX's configuration module (jax._src.config)"
+        return None
     try:
         return _config.string_or_object_state(
             name, default, help_text, include_in_jit_key=True, include_in_trace_context=True
@@ -121,7 +128,7 @@ def vmapped_batch_size(inputs: Any) -> int:
     Falls back to 1, with a warning, if JAX's traces cannot be read (pass ``batch=`` to
     :func:`bppsa.scan` to say it explicitly).
     """
-    if _core is None:
+    if not _READS_TRACES:
         return 1
     try:
         return max((_batch_size(leaf) for leaf in jax.tree.leaves(inputs)), default=1)
@@ -135,7 +142,7 @@ def vmapped_batch_size(inputs: Any) -> int:
 def under_vmap(inputs: Any) -> bool:
     """Whether a ``jax.vmap`` batches any leaf of ``inputs`` (of size 1 too); ``True`` where
     JAX's traces cannot be read (the rules measured under ``jax.vmap`` then apply)."""
-    if _core is None:
+    if not _READS_TRACES:
         return True
     try:
         return any(_batch_sizes(leaf) for leaf in jax.tree.leaves(inputs))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
@@ -88,7 +89,9 @@ def jacobian_scan(decision: Decision, problem: Problem, plan: ScanPlan | None = 
         out, res = evaluate(consts, init, xs)
         return out[:3], res
 
-    rules = dict(transpose=setup.cotangents, batched_transpose=setup.batched_cotangents)
+    rules: dict[str, Callable] = dict(
+        transpose=setup.cotangents, batched_transpose=setup.batched_cotangents
+    )
     run_keep = linear.differentiable(  # every output, the shared Jacobians too
         keep_primal, evaluate, functools.partial(setup.tangents, jacobians=True), **rules
     )

@@ -59,7 +59,7 @@ def fold_scalings(closed: ClosedJaxpr, num_carry: int) -> ClosedJaxpr:
     jaxpr = closed.jaxpr
 
     def run(*args):
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts))
+        env = dict(zip(jaxpr.constvars, closed.consts))
         env.update(zip(jaxpr.invars, args))
         for v in jaxpr.invars[:num_carry]:
             env[v] = _Scaled(env[v])

@@ -131,7 +131,7 @@ def push_slices(closed: ClosedJaxpr, num_carry: int) -> ClosedJaxpr:
         return not isinstance(v, Literal) and v in on_carry_vars
 
     def run(*args):
-        env: dict[Any, Any] = dict(zip(jaxpr.constvars, closed.consts))
+        env = dict(zip(jaxpr.constvars, closed.consts))
         env.update(zip(jaxpr.invars, args))
 
         def read(v, force=True):

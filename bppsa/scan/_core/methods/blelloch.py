@@ -22,7 +22,7 @@ class Blelloch(Method):
             in quickly, which is why the paper's analysis of VGG-11 ran two.
     """
 
-    levels: int | None = None  # type: ignore[assignment]  # a setting here, Method's property
+    levels: int | None = None
     name: ClassVar[str] = "blelloch"
     supports: ClassVar[Supports] = Supports(layers=True)
 
