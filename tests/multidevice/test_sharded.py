@@ -3,6 +3,7 @@ subprocess with ``JAX_NUM_CPU_DEVICES=8``): gradients equal ``jax.grad`` through
 for every cell, both loss placements, uneven ``T`` and ``T < P``, ``reverse``, pytree carries,
 vmap and jit, both exchanges, and a two-axis mesh with the batch sharded on the other axis."""
 
+import dataclasses
 import functools
 
 import jax
@@ -45,7 +46,10 @@ def check(cell_name, method, length, where, dtype, batch=3, hidden=5, place=None
     grad = bppsa.grad(loss, argnums=ARGNUMS, method=method, forward=forward)
     with bppsa.trace_plans() as plans:
         actual = jax.jit(grad)(*args)
-    assert [p.backward for p in plans] == [method]
+    assert [p.requested for p in plans] == [method]
+    # an unset local method is the scan's policy's choice for a device's slice, in the plan
+    assert [dataclasses.replace(p.backward, local=method.local) for p in plans] == [method]
+    assert plans[0].backward.local is not None
     assert [p.jacobians for p in plans] == ["autodiff" if cell_name == "autodiff" else "analytic"]
     assert "shard_map" in str(jax.make_jaxpr(grad)(*args))
     assert_trees_close(actual, expected, dtype)

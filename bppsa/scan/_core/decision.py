@@ -123,8 +123,11 @@ class Decision:
         return self.backward
 
     def run_forward(self, problem: Problem, consts, init, xs, *, keep: bool):
-        """The forward, with what it prepared (see :class:`~bppsa.scan._core.forward.Forward`)."""
-        return self.forward(problem, consts, init, xs, keep=keep, prepared=self.forward_prepared)
+        """The forward, with what it prepared (see :class:`~bppsa.scan._core.forward.Forward`;
+        ``prepared`` is passed only where it prepared something, so a user's forward without
+        the argument runs as it did)."""
+        given = {} if self.forward_prepared is None else {"prepared": self.forward_prepared}
+        return self.forward(problem, consts, init, xs, keep=keep, **given)
 
     @contextlib.contextmanager
     def library(self) -> Iterator[None]:

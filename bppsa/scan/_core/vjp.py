@@ -272,6 +272,8 @@ class _Setup:
             self.plan.backward, self.plan.whole_batch = method, problem.batched
             self.plan.forward_jacobians = jac_t is not None
         given = {} if jac_t is None else {"jacobians": jac_t}
+        if self.decision.backward_prepared is not None:  # only to a method that prepares
+            given["prepared"] = self.decision.backward_prepared
         g_first, ct_consts, ct_xs, flags = method.backward(
             problem,
             consts,
@@ -280,7 +282,6 @@ class _Setup:
             g_last,
             ct_ys,
             check=self.check_finite,
-            prepared=self.decision.backward_prepared,
             **given,
         )
         if self.check_finite:

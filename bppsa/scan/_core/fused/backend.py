@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax.numpy as jnp
@@ -175,15 +175,6 @@ class Interpreted(Backend):
 
     def __repr__(self) -> str:
         return f"Interpreted({self.compiled!r})"
-
-
-def guarded_import(importer: Callable[[], Any], what: str) -> tuple[Any, str | None]:
-    """``(module, None)`` from ``importer()``, or ``(None, reason)`` where it cannot be
-    imported: a backend JAX dropped is a fallback with a reason, never an import error."""
-    try:
-        return importer(), None
-    except ImportError as err:
-        return None, f"{what} cannot be imported here ({type(err).__name__}: {err})"
 
 
 AUTO = "auto"  # a launch parameter left to the profile

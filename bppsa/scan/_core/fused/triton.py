@@ -12,31 +12,29 @@ recorded in :func:`bppsa.scan._core.tracing.problems`, which the tests require t
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from bppsa.scan._core import tracing
 from bppsa.scan._core.fused import padded
-from bppsa.scan._core.fused.backend import Backend, Launch, guarded_import
+from bppsa.scan._core.fused.backend import Backend, Launch
 
 NAME = "triton"
 
 
-def _triton() -> Any:
-    from jax.experimental.pallas import triton
+_MISSING: str | None = None
+_RULES: frozenset[str] | None = None
+try:
+    from jax.experimental.pallas import triton as _pallas_triton
+except ImportError as err:  # JAX dropped it: the loops fall back, naming it
+    _pallas_triton = None  # type: ignore[assignment]
+    _MISSING = f"Pallas' Triton backend cannot be imported here ({type(err).__name__}: {err})"
+else:
+    try:
+        from jax._src.pallas.triton.lowering import triton_lowering_rules
 
-    return triton
-
-
-def _lowering_rules() -> frozenset[str]:
-    from jax._src.pallas.triton.lowering import triton_lowering_rules
-
-    return frozenset(p.name for p in triton_lowering_rules)
-
-
-_PALLAS_TRITON, _MISSING = guarded_import(_triton, "Pallas' Triton backend")
-_RULES, _NO_TABLE = (None, None) if _MISSING else guarded_import(_lowering_rules, "")
-if _NO_TABLE is not None:  # pragma: no cover - JAX moved the Triton lowering's table
-    tracing.record_problem("fused", f"cannot read Pallas' Triton lowering rules: {_NO_TABLE}")
+        _RULES = frozenset(p.name for p in triton_lowering_rules)
+    except (ImportError, AttributeError, TypeError) as err:  # pragma: no cover - JAX moved it
+        tracing.record_problem("fused", f"cannot read Pallas' Triton lowering rules: {err}")
 
 
 def has_rule(name: str) -> bool:
@@ -70,7 +68,8 @@ class Triton(Backend):
         return padded.masked(x, shape, range(len(shape)), fill)
 
     def compiler_params(self, launch: Launch):
-        return _PALLAS_TRITON.CompilerParams(
+        assert _pallas_triton is not None  # why_not refused every loop without it
+        return _pallas_triton.CompilerParams(
             num_warps=launch.num_warps, num_stages=launch.num_stages
         )
 
