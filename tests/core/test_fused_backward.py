@@ -426,4 +426,7 @@ def test_memory_and_cost():
     saved = 10_000 * (rates.step_latency - rates.fused_step_latency)
     assert predicted.seconds(GPU) == pytest.approx(predicted.seconds(unfused) - saved)
     assert predicted.seconds(unfused) == Cost.seconds(predicted, unfused)
+    scaled = predicted.times(3)  # a block's cost, for three blocks: the fused steps too
+    assert (scaled.steps, scaled.fused) == (30_006, 30_000)
+    assert scaled.seconds(GPU) == pytest.approx(3 * predicted.seconds(GPU))
     assert CPU.rates.fused_step_latency is None

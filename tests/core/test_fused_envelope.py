@@ -78,6 +78,16 @@ def test_the_check_can_fail():
     assert all("fused_max_resident: 1024" in reason for reason in found.values()), found
 
 
+def test_the_envelope_holds_its_limit():
+    """The RNN at H = 20 keeps 1088 entries loaded in the forward's loop (``W_hh`` 32 x 32,
+    ``b_hh`` and the carry 32 each) and 1056 in the backward's (``W_hh^T`` and the cotangent): an
+    envelope of exactly that many runs the kernel, one entry fewer does not."""
+    for method, resident in zip(METHODS, (1088, 1056)):
+        assert reasons(CELLS["rnn"], 20, None, with_resident(resident))[method] is None
+        fewer = reasons(CELLS["rnn"], 20, None, with_resident(resident - 1))[method]
+        assert f"hold {resident} entries" in fewer and f"resident: {resident - 1})" in fewer
+
+
 @pytest.fixture
 def gpu_profile_here():
     """This backend's decisions made with the GPU profile (its envelope) inside the test."""

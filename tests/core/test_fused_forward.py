@@ -33,6 +33,7 @@ from bppsa.scan._core.forward import SequentialForward
 from bppsa.scan._core.fused import forward as fused_forward
 from bppsa.scan._core.fused import kernel, lanes, padded, triton
 from bppsa.scan._core.fused.forward import Fused
+from bppsa.scan._core.fused.split import residuals
 from bppsa.scan._core.jaxprs.walk import flat_jaxpr
 from bppsa.scan._core.problem import prepare
 from bppsa.scan._profile import GPU
@@ -356,6 +357,25 @@ def test_a_planted_mask_leak_fails(monkeypatch):
         assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
 
 
+def test_the_padded_lanes_of_the_carry_hold_zeros(monkeypatch):
+    """The layer norm at H = 24: its padded lanes (24 to 31 of 32) would hold ``tanh`` of the
+    normalized zeros; the kernel writes zeros there after every step (its masked fill) and the
+    real lanes equal lax.scan's carries."""
+    body, init = CELLS["layer_norm"](24)
+    xs = xs_of()
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    loop = Fused().prepare(problem).loop.interpreted
+    _, _, constants, steps = residuals(loop.split, problem.body.consts, [xs], T)
+    monkeypatch.setattr(kernel, "unpad", lambda x, shape, lead=1: x)  # the padded lanes kept
+    (after,) = kernel.carries_after(
+        loop.split, T, [init], constants, steps, backend=loop.backend, launch=loop.launch
+    )
+    assert after.shape == (T, 32)
+    assert not np.any(np.asarray(after[:, 24:]))
+    final, before = lax.scan(lambda h, x: (body(h, x)[0], h), init, xs)
+    assert_close(after[:, :24], jnp.concatenate([before[1:], final[None]]))
+
+
 def test_the_lowering_table_is_read():
     assert triton._RULES is not None and triton.has_rule("tanh")
     assert not triton.has_rule("cumsum_of_nothing")
@@ -438,3 +458,13 @@ def test_the_cuda_lowering_splits_independent_lanes_across_programs():
     text = cuda_text(jax.vmap(lambda c, x: bppsa.scan(body, c, x, forward="fused")), inits, xs)
     assert "xla.gpu.triton" in text and "stablehlo.while" not in text
     assert "grid_x = 32" in text and "grid_y = 8" in text
+
+
+def test_the_cuda_lowering_launches_with_the_asked_warps_and_the_profiles_stages():
+    """``Fused(num_warps=2)`` on the H200's profile (4 warps, 1 stage): the kernel is launched
+    with 2 warps and 1 stage."""
+    body, init = CELLS["rnn"](20)
+    text = cuda_text(lambda c, x: bppsa.scan(body, c, x, forward=Fused(num_warps=2)), init, xs_of())
+    assert (GPU.kernels.fused_num_warps, GPU.kernels.fused_num_stages) == (4, 1)
+    assert "xla.gpu.triton" in text
+    assert "num_warps = 2" in text and "num_stages = 1" in text

@@ -169,3 +169,35 @@ def test_the_backward_plan_builds_what_its_run_builds(monkeypatch):
     theirs = jax.grad(loss)(params, jax.lax.scan)
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
         assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "method", [bppsa.FusedSequential(), bppsa.Blocked(bppsa.FusedSequential())], ids=repr
+)
+def test_each_plan_is_made_once_with_the_decisions_profile(method, monkeypatch):
+    """A gradient with ``forward=Fused(num_warps=2)`` and the reverse loop (alone or in
+    ``Blocked``): each kernel's plan is made once per scan, by the decision, for that forward
+    and on the scan's profile; the forward and the backward run what the decision carries."""
+    made = []
+    for cls in (bppsa.Fused, bppsa.FusedSequential):
+        original = cls.prepare
+
+        def spy(self, problem, profile=None, _original=original):
+            made.append((self, profile))
+            return _original(self, problem, profile)
+
+        monkeypatch.setattr(cls, "prepare", spy)
+    forward = bppsa.Fused(num_warps=2)
+    params = RNN().init(3, 4, key=jax.random.key(0))
+    xs = jax.random.normal(jax.random.key(1), (5, 3))
+
+    def loss(p):
+        body = lambda h, x: (rnn_cell(p, h, x), h)
+        return bppsa.scan(body, jnp.zeros(4), xs, forward=forward)[0].sum()
+
+    with bppsa.trace_plans() as plans:
+        jax.block_until_ready(bppsa.grad(loss, method=method)(params))
+    profile = bppsa.get_profile()
+    assert plans[0].forward == forward and plans[0].backward == method
+    made.sort(key=lambda planned: type(planned[0]).__name__)
+    assert made == [(forward, profile), (bppsa.FusedSequential(), profile)], made
