@@ -72,9 +72,11 @@ def sizes(body: Callable, init: Any, xs: Any) -> dict[str, int] | None:
     keeps loaded (compared with ``fused_max_resident``); ``None`` where the kernel cannot run
     the scan for another reason, or where the internals have moved."""
     try:
-        forward, padded, prepare, _ = _modules()
+        forward, padded, prepare, built_in = _modules()
         problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-        plan = forward.Fused()._plan(problem, _unbounded(bppsa.Kernels()))
+        cpu = built_in("cpu")
+        unbounded = dataclasses.replace(cpu, kernels=_unbounded(cpu.kernels))
+        plan = forward.Fused().prepare(problem, unbounded)
         if isinstance(plan, str):
             return None
         split = plan.split

@@ -372,7 +372,7 @@ BAD_CALLS = {
     "memory limit of the wrong type": Bad(
         lambda n: dict(memory_limit=str(n)),
         TypeError,
-        r"memory_limit must be a number of bytes or None \(.*\), got str\.$",
+        r"memory_limit must be a number of bytes, 'available' or None \(.*\), got str\.$",
     ),
     "memory limit not positive": Bad(
         lambda n: dict(memory_limit=-n),
