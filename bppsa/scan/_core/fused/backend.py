@@ -32,14 +32,7 @@ if TYPE_CHECKING:
 # What tracing a step or building its kernel raises where the kernel cannot run it (a primitive
 # or a parameter JAX's Pallas or our rules do not take): the loop then runs in lax.scan. Any
 # other exception is a bug of a rule and propagates.
-UNSUPPORTED = (NotImplementedError, TypeError, ValueError)
-
-
-class Unsupported(Exception):
-    """A step the fused loops' rules do not take (raised by the split and the rules)."""
-
-
-CANNOT = (*UNSUPPORTED, Unsupported)
+CANNOT = (NotImplementedError, TypeError, ValueError)
 
 
 @dataclasses.dataclass(frozen=True)
