@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-test
 DOCS_STAMP := $(VENV)/.installed-docs
 MUTATE_STAMP := $(VENV)/.installed-mutate
+KERNELS_STAMP := $(VENV)/.installed-kernels
 
-.PHONY: demo test test-newest-jax docs lint format clean shakespeare mutate
+.PHONY: demo test test-newest-jax docs lint format clean shakespeare mutate kernels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 $(DOCS_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[docs]"
+	touch $@
+
+$(KERNELS_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[test,kernels]"
 	touch $@
 
 $(MUTATE_STAMP): pyproject.toml | $(BIN)/python
@@ -59,6 +64,14 @@ test-newest-jax: $(NEWEST_STAMP)
 	$(NEWEST_VENV)/bin/python -c "import jax, sys; print('JAX', jax.__version__, 'on Python', sys.version.split()[0])"
 	$(NEWEST_VENV)/bin/python -m pytest -n 2 --dist loadfile -p no:cacheprovider \
 		tests/core tests/scan tests/test_scan.py tests/test_transformations.py
+
+# The kernel lab: every fused kernel the library would launch on an NVIDIA GPU, compiled on this
+# CPU with the official Triton compiler (the kernels extra: the triton wheel, ~1 GB installed)
+# for sm_90a and sm_80 at 1 to 16 warps, read (registers, spills, the time loop's instructions)
+# and estimated; writes benchmarks/results/kernel_lab/ and fails where a kernel the profile
+# admits spills. .ci/run runs it after the tests.
+kernels: $(KERNELS_STAMP)
+	$(BIN)/python -m benchmarks.kernel_lab --check
 
 # The documentation site: the README's front page, the pages of docs/ (guide, performance,
 # experiments, design, ...) and the API reference from the docstrings, in

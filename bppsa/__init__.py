@@ -11,7 +11,8 @@ subpackage of scan algorithms, see :mod:`bppsa.scan`), :func:`grad` and :func:`v
 :func:`estimate_memory` and :class:`MemoryLimitError`, :func:`trace_plans` (what each traced
 scan decided), :class:`FallbackWarning` (an explicit request that runs by another route), the
 measured constants of each backend (:class:`Profile`, made of :class:`Rates`, :class:`Rules`
-and :class:`Kernels`; :func:`get_profile`, :func:`set_profile`) and
+and :class:`Kernels`, whose :class:`FusedProgram` sizes bound the fused loops;
+:func:`get_profile`, :func:`set_profile`) and
 :class:`AnalyticJacobianWarning`.
 """
 
@@ -48,7 +49,7 @@ from bppsa.scan._core.methods.sharded import Pipelined
 from bppsa.scan._core.newton import Newton, NewtonInfo
 from bppsa.scan._core.plans import ScanPlan, trace_plans
 from bppsa.scan._core.profiles import get_profile, set_profile
-from bppsa.scan._profile import Kernels, Profile, Rates, Rules
+from bppsa.scan._profile import FusedProgram, Kernels, Profile, Rates, Rules
 
 __version__ = "0.1.0"
 
@@ -61,6 +62,7 @@ __all__ = [
     "Chunked",
     "FallbackWarning",
     "Fused",
+    "FusedProgram",
     "FusedSequential",
     "Kernels",
     "MemoryLimitError",

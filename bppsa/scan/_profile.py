@@ -155,10 +155,49 @@ class Rules:
 
 SPGEMM_METHODS = ("auto", "padded", "bucketed", "segment")
 SPMV_METHODS = ("padded", "segment")
-# The fields of Kernels that bound the fused loops.
-ENVELOPE = ("fused_max_tile", "fused_max_resident")
 # The fields of Kernels that launch the fused loops' kernels.
-LAUNCH = ("fused_num_warps", "fused_num_stages")
+LAUNCH = ("fused_num_stages",)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedProgram:
+    """One size of the fused loops' programs, and the largest loop it runs without spilling
+    registers (entries after the backend's padding).
+
+    Attributes:
+        num_warps: warps in the program.
+        max_tile: the largest array one operation of the loop may form.
+        max_resident: the most the constants and the carry the program keeps loaded may hold.
+
+    Raises:
+        ValueError: a field that is not a positive integer (naming it).
+    """
+
+    num_warps: int
+    max_tile: int
+    max_resident: int
+
+    def __post_init__(self):
+        for field in ("num_warps", "max_tile", "max_resident"):
+            _check_number("FusedProgram", field, getattr(self, field), integer=True)
+
+    def holds(self, tile: int, resident: int) -> str | None:
+        """Which limit a loop of ``tile`` and ``resident`` entries passes (``None``: none)."""
+        if tile > self.max_tile:
+            return (
+                f"forms {tile} entries in one operation after padding (max_tile: {self.max_tile})"
+            )
+        if resident > self.max_resident:
+            return (
+                f"keeps {resident} entries of constants and carry loaded after padding "
+                f"(max_resident: {self.max_resident})"
+            )
+        return None
+
+
+# The kernel lab's envelope for sm_90a (H100, H200): python -m benchmarks.kernel_lab, the
+# programs of benchmarks/results/kernel_lab/kernels.jsonl (benchmarks.kernel_lab.envelope)
+SM90_PROGRAMS = (FusedProgram(num_warps=1, max_tile=1 << 16, max_resident=1 << 17),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,19 +221,21 @@ class Kernels:
         densify_density: a sparse product is stored dense above this output density.
         densify_pair_ratio: a sparse product runs as a GEMM above this ratio of matched pairs
             to ``n0 n1 n2``.
-        fused_max_tile, fused_max_resident: the envelope of the fused loops (``bppsa.Fused()``,
-            ``bppsa.FusedSequential()``), in entries after padding to powers of two: the
-            largest array one operation of the loop may form, and the most the constants and
-            the carry the kernel keeps loaded may hold. A loop beyond either runs in
-            ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernel in Pallas'
-            interpreter, which has no on-chip memory; it keeps the defaults, the H200's
-            placeholders, so that the interpreter runs the cases a device would.
+        fused_programs: the envelope of the fused loops (``bppsa.Fused()``,
+            ``bppsa.FusedSequential()``) and the warps their programs get: the
+            :class:`FusedProgram` sizes, by warps, with the largest loop each runs without
+            spilling. A loop whose warps are left to the profile (``num_warps="auto"``) gets
+            the first that holds it (the fewest warps); one beyond the last runs in
+            ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernels in Pallas'
+            interpreter, which has no on-chip memory; it keeps the defaults, sm_90a's, so that
+            the interpreter runs the cases a device would.
         fused_backend: the fused loops' kernel backend (``"triton"``: Pallas' Triton backend,
             whose kernels run in Pallas' interpreter on the CPU); ``None``: the platform has
             none, and the fused loops run in ``lax.scan``.
-        fused_num_warps, fused_num_stages, fused_lanes: the fused kernels' launch: warps per
-            program, the compiler's pipelining stages, and lanes of the carry per program where
-            they are independent (``None``: one program per example).
+        fused_num_stages, fused_lanes: the fused kernels' launch: the compiler's pipelining
+            stages, and lanes of the carry per program where they are independent (``None``:
+            one program per example).
+        fused_prefetch: whether the fused loops load a step's residuals one step ahead.
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -212,23 +253,35 @@ class Kernels:
     spmv_method: str = "segment"
     densify_density: float = 0.4
     densify_pair_ratio: float = 0.005
-    # ASSUMED, not measured: from register files of 64K 32-bit registers per SM; the compile
-    # grid of benchmarks/gpu.sh (fused_compile_gpu.jsonl) measures them, and
-    # benchmarks.tools.fit_profile --compile sets them from it
-    fused_max_tile: int = 1 << 16
-    fused_max_resident: int = 1 << 17
+    # the kernel lab's, for sm_90a (SM90_PROGRAMS)
+    fused_programs: tuple[FusedProgram, ...] = SM90_PROGRAMS
     fused_backend: str | None = "triton"
-    # ASSUMED, not measured: one lane per thread of 4 warps; stages: 1 (a fori_loop's loads do
-    # not pipeline); the kernel lab (the kernel-lab issue) measures them
-    fused_num_warps: int = 4
+    # stages: 1, a fori_loop's loads do not pipeline (the kernel lab: identical code); lanes:
+    # ASSUMED, one lane per thread of 4 warps
     fused_num_stages: int = 1
     fused_lanes: int | None = 128
+    fused_prefetch: bool = True
+
+    @property
+    def fused_max_tile(self) -> int:
+        """The largest program's ``max_tile``: no fused loop forms more."""
+        return self.fused_programs[-1].max_tile
+
+    @property
+    def fused_max_resident(self) -> int:
+        """The largest program's ``max_resident``: no fused loop keeps more loaded."""
+        return self.fused_programs[-1].max_resident
 
     def __post_init__(self):
         for field in ("small_rows", "small_size", "small_unroll_rows"):
             _check_number("Kernels", field, getattr(self, field), integer=True, zero=True)
-        for field in ("small_unroll", "tiled_one_row_unroll", *ENVELOPE, *LAUNCH):
+        for field in ("small_unroll", "tiled_one_row_unroll", *LAUNCH):
             _check_number("Kernels", field, getattr(self, field), integer=True)
+        _check_programs(self.fused_programs)
+        if not isinstance(self.fused_prefetch, bool):
+            raise ValueError(
+                f"Kernels: fused_prefetch must be a bool, got {self.fused_prefetch!r}."
+            )
         if self.fused_lanes is not None:
             _check_number("Kernels", "fused_lanes", self.fused_lanes, integer=True)
         if self.fused_backend is not None and not isinstance(self.fused_backend, str):
@@ -248,6 +301,25 @@ class Kernels:
             raise ValueError(
                 f"Kernels: spmv_method must be 'padded' or 'segment', got {self.spmv_method!r}."
             )
+
+
+def _check_programs(programs) -> None:
+    """Raises unless ``programs`` is a non-empty tuple of :class:`FusedProgram` with warps
+    increasing."""
+    if (
+        not isinstance(programs, tuple)
+        or not programs
+        or not all(isinstance(p, FusedProgram) for p in programs)
+    ):
+        raise ValueError(
+            f"Kernels: fused_programs must be a non-empty tuple of bppsa.FusedProgram, got "
+            f"{programs!r}."
+        )
+    warps = [p.num_warps for p in programs]
+    if warps != sorted(set(warps)):
+        raise ValueError(
+            f"Kernels: fused_programs must list programs by increasing num_warps, got {warps}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,10 +403,8 @@ GPU = Profile(
         # rows measure it (fused_forward_gpu.jsonl): benchmarks.tools.fit_profile --fused
         fused_step_latency=1e-6,
     ),
-    # ASSUMED, not measured: the fused loops' envelope, placeholders from register files of 64K
-    # 32-bit registers per SM; benchmarks/gpu.sh's compile grid (fused_compile_gpu.jsonl)
-    # measures it for benchmarks.tools.fit_profile --compile to replace
-    kernels=Kernels(fused_max_tile=1 << 16, fused_max_resident=1 << 17),
+    # the fused loops' envelope and warps: the kernel lab's for sm_90a (SM90_PROGRAMS)
+    kernels=Kernels(fused_programs=SM90_PROGRAMS),
 )
 
 

@@ -339,10 +339,11 @@ def test_the_envelope_is_the_profiles(launches):
     and the cotangent, 1056 entries, kept loaded) loops in lax.scan both ways, and the plan says
     why; the default envelope runs the kernel."""
     problem = problem_of("rnn")
-    kernels = dataclasses.replace(GPU.kernels, fused_max_resident=1024)
+    small = bppsa.FusedProgram(num_warps=4, max_tile=1 << 16, max_resident=1024)
+    kernels = dataclasses.replace(GPU.kernels, fused_programs=(small,))
     tiny = dataclasses.replace(GPU, kernels=kernels)
     assert METHOD.why_not(problem) is None and METHOD.why_not(problem, GPU) is None
-    reason = "hold 1056 entries after padding (the envelope's fused_max_resident: 1024)"
+    reason = "keeps 1056 entries of constants and carry loaded after padding (max_resident: 1024)"
     assert reason in METHOD.why_not(problem, tiny)
     launches.clear()  # the default's abstract build
     bppsa.set_profile("cpu", tiny)
@@ -353,7 +354,7 @@ def test_the_envelope_is_the_profiles(launches):
         bppsa.set_profile("cpu", None)
     assert not launches
     assert plans[0].backward == METHOD and reason in plans[0].backward_because
-    assert "fused_max_resident: 1024" in plans[0].forward_because
+    assert "(max_resident: 1024)" in plans[0].forward_because
     assert_close(actual, expected)
 
 

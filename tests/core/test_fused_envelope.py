@@ -57,9 +57,11 @@ def reasons(cell, hidden, batch, profile=GPU):
 
 
 def with_resident(limit):
-    """The GPU profile with the fused loops' ``fused_max_resident`` at ``limit``."""
+    """The GPU profile with one fused program, of 4 warps, holding ``limit`` resident
+    entries."""
+    program = bppsa.FusedProgram(num_warps=4, max_tile=1 << 16, max_resident=limit)
     return dataclasses.replace(
-        GPU, kernels=dataclasses.replace(GPU.kernels, fused_max_resident=limit)
+        GPU, kernels=dataclasses.replace(GPU.kernels, fused_programs=(program,))
     )
 
 
@@ -75,7 +77,7 @@ def test_the_check_can_fail():
     both loops name the limit: ``reasons`` reads the profile it is given."""
     found = reasons(CELLS["lstm"], 64, B, with_resident(1024))
     assert set(found) == set(METHODS)
-    assert all("fused_max_resident: 1024" in reason for reason in found.values()), found
+    assert all("(max_resident: 1024)" in reason for reason in found.values()), found
 
 
 def test_the_envelope_holds_its_limit():
@@ -85,7 +87,7 @@ def test_the_envelope_holds_its_limit():
     for method, resident in zip(METHODS, (1088, 1056)):
         assert reasons(CELLS["rnn"], 20, None, with_resident(resident))[method] is None
         fewer = reasons(CELLS["rnn"], 20, None, with_resident(resident - 1))[method]
-        assert f"hold {resident} entries" in fewer and f"resident: {resident - 1})" in fewer
+        assert f"keeps {resident} entries" in fewer and f"resident: {resident - 1})" in fewer
 
 
 @pytest.fixture
@@ -122,3 +124,29 @@ def test_the_decision_records_no_fallback(name, gpu_profile_here):
     [plan] = bppsa.trace_plans(grad, params, inits, xs)
     assert (plan.forward, plan.forward_because) == (bppsa.Fused(), None), plan
     assert (plan.backward, plan.backward_because) == (bppsa.FusedSequential(), None), plan
+
+
+def test_auto_warps_are_the_fewest_of_the_programs_that_hold_the_loop():
+    """Programs of 1, 2 and 4 warps holding 1000, 1100 and 20000 resident entries: the RNN at
+    H = 20 (1088 in its forward's loop, 1056 in its backward's) gets 2 warps forward and 2
+    backward; an explicit ``num_warps`` keeps its own, within its program's envelope."""
+    programs = (
+        bppsa.FusedProgram(num_warps=1, max_tile=1 << 16, max_resident=1000),
+        bppsa.FusedProgram(num_warps=2, max_tile=1 << 16, max_resident=1100),
+        bppsa.FusedProgram(num_warps=4, max_tile=1 << 16, max_resident=20000),
+    )
+    profile = dataclasses.replace(
+        GPU, kernels=dataclasses.replace(GPU.kernels, fused_programs=programs)
+    )
+    cell = CELLS["rnn"]
+    params = cell.init(I, 20, key=jax.random.key(0))
+    body = lambda state, x: (cell(params, state, x), cell.output(state))
+    xs = jnp.zeros((T, I), jnp.float32)
+    problem, _ = prepare(body, cell.initial_state(20), xs, None, reverse=False, batch=None)
+    assert bppsa.Fused().prepare(problem, profile).loop.launch.num_warps == 2
+    backward = bppsa.FusedSequential().prepare(problem, profile)
+    assert backward.with_offsets.loop.launch.num_warps == 2
+    assert bppsa.Fused(num_warps=4).prepare(problem, profile).loop.launch.num_warps == 4
+    # 1 warp's program holds 1000: an explicit num_warps=1 is refused, naming it
+    reason = bppsa.Fused(num_warps=1).why_not(problem, profile)
+    assert "beyond the envelope at num_warps=1" in reason and "(max_resident: 1000)" in reason

@@ -86,8 +86,14 @@ def test_bad_profiles_are_refused():
         bppsa.Rates(0.0, 1.0, 1.0)
     with pytest.raises(ValueError, match="spmv_method"):
         bppsa.Kernels(spmv_method="dense")
-    with pytest.raises(ValueError, match="fused_max_resident must be a positive integer"):
-        bppsa.Kernels(fused_max_resident=0)
+    with pytest.raises(ValueError, match="max_resident must be a positive integer"):
+        bppsa.FusedProgram(num_warps=1, max_tile=16, max_resident=0)
+    with pytest.raises(ValueError, match="fused_programs must be a non-empty tuple"):
+        bppsa.Kernels(fused_programs=())
+    with pytest.raises(ValueError, match="by increasing num_warps"):
+        bppsa.Kernels(fused_programs=(bppsa.FusedProgram(4, 16, 16), bppsa.FusedProgram(1, 16, 16)))
+    with pytest.raises(ValueError, match="fused_prefetch must be a bool"):
+        bppsa.Kernels(fused_prefetch=1)
     with pytest.raises(TypeError, match=r"Profile: rates must be a bppsa\.Rates"):
         bppsa.Profile("x", 0.0)
     with pytest.raises(TypeError, match=r"profile must be a bppsa\.Profile"):

@@ -26,13 +26,14 @@ import numpy as np
 if TYPE_CHECKING:
     from bppsa.scan._core.fused.lanes import Tiled
     from bppsa.scan._core.fused.split import Split
-    from bppsa.scan._profile import Kernels
+    from bppsa.scan._profile import FusedProgram, Kernels
 
 
 # What tracing a step or building its kernel raises where the kernel cannot run it (a primitive
 # or a parameter JAX's Pallas or our rules do not take): the loop then runs in lax.scan. Any
 # other exception is a bug of a rule and propagates.
 CANNOT = (NotImplementedError, TypeError, ValueError)
+AUTO = "auto"  # a launch parameter left to the profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +45,26 @@ class Launch:
         num_stages: the compiler's software-pipelining stages.
         lanes: lanes of the carry per program where they are independent (``None``: one
             program per example).
+        prefetch: whether each step's residuals are loaded one step ahead.
     """
 
     num_warps: int
     num_stages: int
     lanes: int | None
+    prefetch: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """What a loop's program holds, in entries after the backend's padding.
+
+    Attributes:
+        tile: the largest array one operation of the recurrence forms.
+        resident: the constants and the carry the program keeps loaded across steps.
+    """
+
+    tile: int
+    resident: int
 
 
 class Backend(abc.ABC):
@@ -95,10 +111,21 @@ class Backend(abc.ABC):
     def compiler_params(self, launch: Launch) -> Any:
         """``pallas_call``'s ``compiler_params`` for ``launch``."""
 
-    def why_not(self, loop: Split | Tiled, kernels: Kernels) -> str | None:
+    def footprint(self, loop: Split | Tiled) -> Footprint:
+        """The tile and resident entries of ``loop``'s recurrence after this backend's padding."""
+        tile = max((self.largest_tile(eqn) for eqn in loop.recurrence), default=0)
+        resident = sum(
+            math.prod(self.padded_shape(v.aval.shape))
+            for v in [*loop.constant_residuals, *loop.carry_in]
+        )
+        return Footprint(int(tile), int(resident))
+
+    def why_not(
+        self, loop: Split | Tiled, kernels: Kernels, num_warps: int | str = AUTO
+    ) -> str | None:
         """Why the kernel cannot run the recurrence of ``loop`` (or of its tile): the backend
         absent, a type, a primitive it has no rule for, or arrays beyond the envelope of
-        ``kernels`` after its padding (``None``: it can)."""
+        ``kernels`` after its padding (:func:`program_of`; ``None``: it can)."""
         missing = self.missing()
         if missing is not None:
             return missing
@@ -110,22 +137,8 @@ class Backend(abc.ABC):
             reason = self.unsupported(eqn)
             if reason is not None:
                 return reason
-            tile = self.largest_tile(eqn)
-            if tile > kernels.fused_max_tile:
-                return (
-                    f"the primitive {eqn.primitive.name!r} forms {tile} entries after padding "
-                    f"(the envelope's fused_max_tile: {kernels.fused_max_tile})"
-                )
-        resident = sum(
-            math.prod(self.padded_shape(v.aval.shape))
-            for v in [*loop.constant_residuals, *loop.carry_in]
-        )
-        if resident > kernels.fused_max_resident:
-            return (
-                f"its constants and carry hold {resident} entries after padding (the "
-                f"envelope's fused_max_resident: {kernels.fused_max_resident})"
-            )
-        return None
+        program = program_of(self.footprint(loop), kernels, num_warps)
+        return program if isinstance(program, str) else None
 
 
 class Interpreted(Backend):
@@ -170,9 +183,6 @@ class Interpreted(Backend):
         return f"Interpreted({self.compiled!r})"
 
 
-AUTO = "auto"  # a launch parameter left to the profile
-
-
 def check_options(owner: str, num_warps: int | str, lanes: int | str | None) -> None:
     """Raises ``ValueError`` naming ``owner`` unless ``num_warps`` is a positive int or
     ``"auto"`` and ``lanes`` one of those or ``None``."""
@@ -185,14 +195,60 @@ def check_options(owner: str, num_warps: int | str, lanes: int | str | None) -> 
             )
 
 
-def launch_of(kernels: Kernels, num_warps: int | str, lanes: int | str | None) -> Launch:
-    """The launch of a loop: ``num_warps`` and ``lanes`` where given, else (``"auto"``) the
-    profile's ``kernels``; the stages are the profile's."""
-    return Launch(
-        num_warps=kernels.fused_num_warps if num_warps == AUTO else int(num_warps),
-        num_stages=kernels.fused_num_stages,
-        lanes=kernels.fused_lanes if lanes == AUTO else lanes,  # type: ignore[arg-type]
+def program_of(
+    footprint: Footprint, kernels: Kernels, num_warps: int | str = AUTO
+) -> FusedProgram | str:
+    """The program of ``kernels.fused_programs`` a loop of ``footprint`` runs in, or why none
+    holds it. ``num_warps="auto"``: the first that holds it (the fewest warps); a number: the
+    envelope of the listed program of that many warps, else of the largest with fewer (the
+    first where none has fewer)."""
+    programs = kernels.fused_programs
+    if num_warps == AUTO:
+        for program in programs:
+            if program.holds(footprint.tile, footprint.resident) is None:
+                return program
+        largest = programs[-1]
+        return (
+            f"the loop {largest.holds(footprint.tile, footprint.resident)}: beyond the "
+            f"envelope's largest program ({_warps(largest.num_warps)})"
+        )
+    fewer = [p for p in programs if p.num_warps <= int(num_warps)]
+    program = fewer[-1] if fewer else programs[0]
+    reason = program.holds(footprint.tile, footprint.resident)
+    if reason is None:
+        return program
+    return (
+        f"the loop {reason}: beyond the envelope at num_warps={num_warps} (the profile's "
+        f"program of {_warps(program.num_warps)})"
     )
+
+
+def _warps(count: int) -> str:
+    return f"{count} warp" + ("s" if count > 1 else "")
+
+
+def launch_of(
+    kernels: Kernels, footprint: Footprint, num_warps: int | str, lanes: int | str | None
+) -> Launch:
+    """The launch of a loop of ``footprint``: ``num_warps`` where given, else (``"auto"``)
+    those of the program :func:`program_of` picks; the stages and the step-ahead loads are the
+    profile's."""
+    if num_warps == AUTO:
+        program = program_of(footprint, kernels)
+        if isinstance(program, str):  # why_not refused it first
+            raise ValueError(program)
+        num_warps = program.num_warps
+    return Launch(
+        num_warps=int(num_warps),
+        num_stages=kernels.fused_num_stages,
+        lanes=lanes_of(kernels, lanes),
+        prefetch=kernels.fused_prefetch,
+    )
+
+
+def lanes_of(kernels: Kernels, lanes: int | str | None) -> int | None:
+    """``lanes`` where given, else (``"auto"``) the profile's."""
+    return kernels.fused_lanes if lanes == AUTO else lanes  # type: ignore[return-value]
 
 
 def launch_fields(num_warps: int | str, lanes: int | str | None) -> list[str]:

@@ -12,7 +12,7 @@ platform its kernel, on the CPU the same kernel in Pallas' interpreter, elsewher
 ``forward=Fused(...)``) a :class:`bppsa.FallbackWarning` with the reason, once per trace.
 
 The backend, its launch and the envelope (the largest arrays the kernel takes) are data of the
-profile (:class:`~bppsa.scan._profile.Kernels`' ``fused_backend``, ``fused_num_warps``,
+profile (:class:`~bppsa.scan._profile.Kernels`' ``fused_backend``, ``fused_programs``,
 ``fused_lanes``, ``fused_max_tile``, ...): the scan's decision calls :meth:`Fused.prepare` once
 with its profile and hands the plan to :meth:`Fused.__call__`; nothing is looked up again.
 """
@@ -72,7 +72,8 @@ class Fused(Forward):
     :func:`bppsa.trace_plans`' ``forward_because``.
 
     Attributes:
-        num_warps: warps per program (``"auto"``: the profile's ``fused_num_warps``).
+        num_warps: warps per program (``"auto"``: those of the first of the profile's
+            ``fused_programs`` that holds the loop, the fewest).
         lanes: lanes of the carry per program where they are independent (a diagonal or
             block-diagonal cell, found in its jaxpr: :mod:`~bppsa.scan._core.fused.lanes`);
             ``None``: one program per example (under ``jax.vmap``) always; ``"auto"``: the

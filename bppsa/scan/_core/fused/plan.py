@@ -17,7 +17,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from bppsa.scan._core.fused import dispatch
-from bppsa.scan._core.fused.backend import CANNOT, Backend, Interpreted, Launch, launch_of
+from bppsa.scan._core.fused.backend import (
+    CANNOT,
+    Backend,
+    Footprint,
+    Interpreted,
+    Launch,
+    lanes_of,
+    launch_of,
+)
 from bppsa.scan._core.fused.lanes import Tiled, split_lanes
 
 if TYPE_CHECKING:
@@ -50,6 +58,11 @@ class Loop:
     def interpreted(self) -> Loop:
         return self.on(Interpreted(self.backend))
 
+    @property
+    def footprint(self) -> Footprint:
+        """What one program holds (:meth:`Backend.footprint`)."""
+        return self.backend.footprint(self.split if self.tiled is None else self.tiled)
+
 
 def no_backend(profile: Profile | None) -> str | None:
     """Why ``profile``'s platform has no fused kernel (its ``fused_backend`` is ``None``), naming
@@ -80,11 +93,12 @@ def plan_loop(
     backend = backend_of(kernels)
     if isinstance(backend, str):
         return backend
-    launch = launch_of(kernels, num_warps, lanes)
-    tiled = split_lanes(split, launch.lanes)
-    reason = backend.why_not(split if tiled is None else tiled, kernels)
+    tiled = split_lanes(split, lanes_of(kernels, lanes))
+    target = split if tiled is None else tiled
+    reason = backend.why_not(target, kernels, num_warps)
     if reason is not None:
         return reason
+    launch = launch_of(kernels, backend.footprint(target), num_warps, lanes)
     loop = Loop(split, tiled, backend, launch)
     try:
         build(loop.interpreted)

@@ -72,7 +72,8 @@ class FusedSequential(Method):
     loop in ``lax.scan``: no kernel in either.
 
     Attributes:
-        num_warps: warps per program (``"auto"``: the profile's ``fused_num_warps``).
+        num_warps: warps per program (``"auto"``: those of the first of the profile's
+            ``fused_programs`` that holds the loop, the fewest).
         lanes: lanes of the carry per program where they are independent (diagonal and
             block-diagonal cells, as for :class:`bppsa.Fused`); ``None``: one program per
             example (under ``jax.vmap``) always; ``"auto"``: the profile's ``fused_lanes``.

@@ -1,0 +1,247 @@
+"""The kernels the library would launch on an NVIDIA GPU, captured as Triton IR on a CPU.
+
+Each :class:`Spec` is one fused loop of one cell: the forward (``bppsa.Fused()``) or the
+sequential backward (``bppsa.FusedSequential()``), of one example or of a batch under
+``jax.vmap``. :func:`capture` lowers its program for CUDA under an abstract GPU device (no GPU
+is needed: JAX lowers Pallas kernels in Python) with the profile's envelope lifted, so that
+kernels past it are captured too, and keeps the Triton IR (TTIR) that Pallas hands to XLA, as
+text: the compiler (:mod:`benchmarks.kernel_lab.compile`) reads it as it is. The one reader of
+JAX's internals here is :func:`_triton_modules` (the lowering function it wraps); it raises
+where they moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import bppsa
+from bppsa.models import (
+    CIFGLSTM,
+    GRU,
+    LSTM,
+    RNN,
+    DiagonalGRU,
+    IndRNN,
+    cifg_lstm_cell,
+    diagonal_gru_cell,
+    gru_cell,
+    indrnn_cell,
+    lstm_cell,
+    rnn_cell,
+)
+
+# The library's cells: dense (RNN, GRU, LSTM) and with independent lanes (the others, which the
+# kernels split into programs of lanes). The language model's layers scan these cells.
+CELLS: dict[str, tuple[Any, Callable]] = {
+    "rnn": (RNN(), rnn_cell),
+    "gru": (GRU(), gru_cell),
+    "lstm": (LSTM(), lstm_cell),
+    "cifg-lstm": (CIFGLSTM(), cifg_lstm_cell),
+    "diagonal-gru": (DiagonalGRU(), diagonal_gru_cell),
+    "indrnn": (IndRNN(), indrnn_cell),
+}
+LOOPS = ("forward", "backward")
+LENGTH = 1000
+BATCH = 16
+INPUTS = 8
+# The device the programs are lowered for (no such device is needed).
+DEVICE_KIND = "NVIDIA H200"
+PLATFORM = "gpu"  # bppsa's profile key for a GPU whose toolkit JAX cannot name here
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One fused loop: ``loop`` (``"forward"``/``"backward"``) of ``cell`` with ``hidden``
+    units, over ``LENGTH`` steps, of one example or (``batched``) ``BATCH`` under
+    ``jax.vmap``."""
+
+    cell: str
+    hidden: int
+    loop: str
+    batched: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.cell}-h{self.hidden}-{self.loop}" + ("-b" if self.batched else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Captured:
+    """A kernel's Triton IR as lowered, and what the library planned for it.
+
+    Attributes:
+        ttir: the TTIR module's text.
+        grid: programs launched.
+        tile, resident: the loop's footprint (entries after padding) the envelope compares.
+        library_warps: the warps the library's profile launches it with, or ``None`` where its
+            envelope refuses it (``library_why_not`` then says why).
+    """
+
+    spec: Spec
+    ttir: str
+    grid: int
+    tile: int
+    resident: int
+    library_warps: int | None
+    library_why_not: str | None
+
+
+def program(spec: Spec) -> tuple[Callable, tuple]:
+    """The function and arguments whose lowering holds ``spec``'s kernel (and only it)."""
+    kind, cell = CELLS[spec.cell]
+    params = kind.init(INPUTS, spec.hidden, key=jax.random.key(0))
+    init = kind.initial_state(spec.hidden)
+    xs = jnp.zeros((BATCH, LENGTH, INPUTS), jnp.float32)
+
+    def body(state, x):
+        return cell(params, state, x), None
+
+    if spec.loop == "forward":
+
+        def one(x):
+            return kind.output(bppsa.scan(body, init, x, forward=bppsa.Fused())[0])
+
+    else:
+
+        def loss(p, x):
+            def step(state, xt):
+                return cell(p, state, xt), None
+
+            final = bppsa.scan(step, init, x)[0]
+            return jnp.sum(kind.output(final))
+
+        def one(x):
+            return bppsa.grad(loss, method=bppsa.FusedSequential())(params, x)
+
+    if spec.batched:
+        return jax.vmap(one), (xs,)
+    return one, (xs[0],)
+
+
+def planned(spec: Spec, profile: bppsa.Profile) -> tuple[Any, str | None]:
+    """The library's plan of ``spec``'s loop on ``profile``: ``(loop, None)`` or
+    ``(None, why not)``."""
+    from bppsa.scan._core.fused import backward
+    from bppsa.scan._core.problem import prepare
+
+    kind, cell = CELLS[spec.cell]
+    params = kind.init(INPUTS, spec.hidden, key=jax.random.key(0))
+    init = kind.initial_state(spec.hidden)
+    xs = jnp.zeros((LENGTH, INPUTS), jnp.float32)
+    problem, _ = prepare(
+        lambda s, x: (cell(params, s, x), None), init, xs, None, reverse=False, batch=None
+    )
+    if spec.loop == "forward":
+        plan = bppsa.Fused().prepare(problem, profile)
+        return (None, plan) if isinstance(plan, str) else (plan.loop, None)
+    made = backward.plan(problem, profile.kernels, "auto", "auto")
+    if isinstance(made, str):
+        return None, made
+    loop = made.reverse(False).loop
+    return (None, loop) if isinstance(loop, str) else (loop, None)
+
+
+UNBOUNDED = 1 << 62
+
+
+def lifted(profile: bppsa.Profile) -> bppsa.Profile:
+    """``profile`` with its envelope out of the way (every size admitted)."""
+    programs = (bppsa.FusedProgram(1, UNBOUNDED, UNBOUNDED),)
+    kernels = dataclasses.replace(profile.kernels, fused_programs=programs)
+    return dataclasses.replace(profile, kernels=kernels)
+
+
+def _triton_modules():
+    from jax._src.pallas.triton import lowering
+
+    return lowering
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[list[dict[str, Any]]]:
+    """Inside the block every Pallas Triton kernel lowered is recorded: its name, TTIR text
+    and grid."""
+    lowering = _triton_modules()
+    original = lowering.lower_jaxpr_to_triton_module
+    records: list[dict[str, Any]] = []
+
+    def recorded(*args, **kwargs):
+        result = original(*args, **kwargs)
+        caller = sys._getframe(1).f_locals
+        records.append(
+            {
+                "name": caller.get("name"),
+                "ttir": result.module.operation.get_asm(),
+                "grid": math.prod(result.grid),
+            }
+        )
+        return result
+
+    lowering.lower_jaxpr_to_triton_module = recorded
+    try:
+        yield records
+    finally:
+        lowering.lower_jaxpr_to_triton_module = original
+
+
+@contextlib.contextmanager
+def abstract_gpu() -> Iterator[None]:
+    """Lowering for CUDA under an abstract GPU (``DEVICE_KIND``), with no GPU here."""
+    from jax._src.mesh import AbstractDevice, AbstractMesh
+
+    mesh = AbstractMesh(
+        (1,),
+        ("x",),
+        axis_types=(jax.sharding.AxisType.Explicit,),
+        abstract_device=AbstractDevice(device_kind=DEVICE_KIND, num_cores=132, platform="gpu"),
+    )
+    with jax.sharding.use_abstract_mesh(mesh):
+        yield
+
+
+def capture(spec: Spec, profile: bppsa.Profile | None = None) -> Captured:
+    """``spec``'s kernel as the library would launch it on ``profile`` (default: the built-in
+    NVIDIA GPU profile), lowered with the envelope lifted.
+
+    Raises:
+        RuntimeError: the lowered program holds no fused kernel, or more than one.
+    """
+    from bppsa.scan._profile import built_in
+
+    profile = profile or built_in("cuda")
+    loop, why_not = planned(spec, profile)
+    library_warps = loop.launch.num_warps if loop is not None else None
+    wide, _ = planned(spec, lifted(profile))
+    if wide is None:
+        raise RuntimeError(f"{spec.name}: the fused kernel cannot run it at all")
+    saved = bppsa.get_profile(PLATFORM)
+    bppsa.set_profile(PLATFORM, lifted(profile))
+    try:
+        fn, args = program(spec)
+        with _recording() as records, abstract_gpu():
+            jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    finally:
+        bppsa.set_profile(PLATFORM, None if saved is built_in(PLATFORM) else saved)
+    kernel = f"bppsa_fused_{spec.loop}"
+    found = [r for r in records if r["name"] == kernel]
+    if len(found) != 1:
+        names = [r["name"] for r in records]
+        raise RuntimeError(f"{spec.name}: expected one {kernel} kernel, lowered {names}")
+    footprint = wide.footprint
+    return Captured(
+        spec,
+        found[0]["ttir"],
+        found[0]["grid"],
+        footprint.tile,
+        footprint.resident,
+        library_warps,
+        why_not,
+    )
