@@ -27,6 +27,7 @@ class Compiled:
     num_warps: int
     log: str
     sass: str
+    compiler: str
 
 
 def available() -> str | None:
@@ -96,4 +97,4 @@ def compile_ttir(ttir: str, num_warps: int, arch: int = 90, num_stages: int = 1)
         listing = subprocess.run(
             [cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True
         ).stdout
-    return Compiled(arch, num_warps, done.stderr, listing)
+    return Compiled(arch, num_warps, done.stderr, listing, f"triton {version()}")

@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import jax
+
 from benchmarks.kernel_lab import capture, model, sass
 
 HIDDENS = (8, 20, 32, 64, 128, 256)
@@ -80,6 +82,8 @@ def row_of(
         "step_us": round(cycles / model.CLOCK_HZ[compiled.arch] * 1e6, 4),
         "ttir_sha": ttir_sha,
         "compile_s": round(compile_s, 2),
+        "triton": compiled.compiler,
+        "jax": jax.__version__,
     }
 
 

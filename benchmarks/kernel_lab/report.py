@@ -103,6 +103,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ]
         largest[cell] = {"largest_spill_free": max(clean, default=None), "at_least": LARGEST[cell]}
     return {
+        "compiler": sorted({row["triton"] for row in rows if "triton" in row}),
+        "jax": sorted({row["jax"] for row in rows if "jax" in row}),
         "programs": {f"sm_{a}": envelope.programs(rows, a) for a in archs},
         "profile_programs": _profile_programs(),
         "admitted_spilling": [r["kernel"] for r in admitted_spills(rows)],
