@@ -195,6 +195,8 @@ class Kernels:
         fused_num_warps, fused_num_stages, fused_lanes: the fused kernels' launch: warps per
             program, the compiler's pipelining stages, and lanes of the carry per program where
             they are independent (``None``: one program per example).
+        fused_prefetch: whether the fused loops load step ``t + 1``'s residuals during step
+            ``t`` (``False``: each step loads its own, a load on the step's dependency chain).
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -223,6 +225,7 @@ class Kernels:
     fused_num_warps: int = 4
     fused_num_stages: int = 1
     fused_lanes: int | None = 128
+    fused_prefetch: bool = True
 
     def __post_init__(self):
         for field in ("small_rows", "small_size", "small_unroll_rows"):
@@ -231,6 +234,10 @@ class Kernels:
             _check_number("Kernels", field, getattr(self, field), integer=True)
         if self.fused_lanes is not None:
             _check_number("Kernels", "fused_lanes", self.fused_lanes, integer=True)
+        if not isinstance(self.fused_prefetch, bool):
+            raise ValueError(
+                f"Kernels: fused_prefetch must be a bool, got {self.fused_prefetch!r}."
+            )
         if self.fused_backend is not None and not isinstance(self.fused_backend, str):
             raise ValueError(
                 "Kernels: fused_backend must be a backend's name (e.g. 'triton') or None, got "

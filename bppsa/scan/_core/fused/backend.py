@@ -44,11 +44,15 @@ class Launch:
         num_stages: the compiler's software-pipelining stages.
         lanes: lanes of the carry per program where they are independent (``None``: one
             program per example).
+        prefetch: whether the loop loads step ``t + 1``'s residuals during step ``t`` (carried
+            in the loop's state), so that no load from global memory waits on the carry's
+            dependency chain; ``False``: each step loads its own.
     """
 
     num_warps: int
     num_stages: int
     lanes: int | None
+    prefetch: bool = True
 
 
 class Backend(abc.ABC):
@@ -84,8 +88,15 @@ class Backend(abc.ABC):
         """Entries of the largest array the kernel forms for ``eqn``."""
 
     @abc.abstractmethod
-    def run_equations(self, eqns: Sequence[Any], env: dict) -> dict:
-        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values)."""
+    def run_equations(self, eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> dict:
+        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values);
+        ``permuted`` maps :meth:`permuted_constants`' pairs to their values."""
+
+    def permuted_constants(self, eqns: Sequence[Any], constants: Sequence[Any]) -> list[tuple]:
+        """The ``(variable, axis order)`` pairs of the ``constants`` that ``eqns`` read
+        permuted: the kernel passes each one permuted (and padded) once, rather than permuting
+        it at every step (none by default)."""
+        return []
 
     @abc.abstractmethod
     def masked(self, x, shape: Sequence[int], fill) -> Any:
@@ -151,8 +162,11 @@ class Interpreted(Backend):
     def largest_tile(self, eqn):
         return self.compiled.largest_tile(eqn)
 
-    def run_equations(self, eqns, env):
-        return self.compiled.run_equations(eqns, env)
+    def run_equations(self, eqns, env, permuted=None):
+        return self.compiled.run_equations(eqns, env, permuted)
+
+    def permuted_constants(self, eqns, constants):
+        return self.compiled.permuted_constants(eqns, constants)
 
     def masked(self, x, shape, fill):
         return self.compiled.masked(x, shape, fill)
@@ -187,11 +201,12 @@ def check_options(owner: str, num_warps: int | str, lanes: int | str | None) -> 
 
 def launch_of(kernels: Kernels, num_warps: int | str, lanes: int | str | None) -> Launch:
     """The launch of a loop: ``num_warps`` and ``lanes`` where given, else (``"auto"``) the
-    profile's ``kernels``; the stages are the profile's."""
+    profile's ``kernels``; the stages and the prefetch are the profile's."""
     return Launch(
         num_warps=kernels.fused_num_warps if num_warps == AUTO else int(num_warps),
         num_stages=kernels.fused_num_stages,
         lanes=kernels.fused_lanes if lanes == AUTO else lanes,  # type: ignore[arg-type]
+        prefetch=kernels.fused_prefetch,
     )
 
 
