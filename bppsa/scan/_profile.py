@@ -235,7 +235,8 @@ class Kernels:
         fused_num_stages, fused_lanes: the fused kernels' launch: the compiler's pipelining
             stages, and lanes of the carry per program where they are independent (``None``:
             one program per example).
-        fused_prefetch: whether the fused loops load a step's residuals one step ahead.
+        fused_prefetch: whether the fused loops load step ``t + 1``'s residuals during step
+            ``t`` (``False``: each step loads its own, a load on the step's dependency chain).
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).

@@ -369,6 +369,26 @@ def test_a_step_that_cannot_be_traced_falls_back_to_the_sequential_scan(monkeypa
     assert_close(actual, expected)
 
 
+@pytest.mark.parametrize("name", ["rnn", "gru", "lstm"])
+def test_prefetch_on_and_off_give_identical_gradients(name, monkeypatch):
+    """The backward's kernel loads step ``t - 1``'s factors during step ``t`` (the launch's
+    prefetch, the default) or each step's own: the same gradients, bit for bit."""
+    launches = []
+    run = fused_backward.carries_after
+
+    def without(*args, **kwargs):
+        launches.append(kwargs["launch"].prefetch)
+        kwargs["launch"] = dataclasses.replace(kwargs["launch"], prefetch=False)
+        return run(*args, **kwargs)
+
+    ahead, _ = gradients(name, xs_of())
+    monkeypatch.setattr(fused_backward, "carries_after", without)
+    own, _ = gradients(name, xs_of())
+    assert launches and all(launches)  # the profile's default: on
+    for a, b in zip(jax.tree.leaves(ahead), jax.tree.leaves(own), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---- the CUDA lowering -----------------------------------------------------------------------
 
 

@@ -30,8 +30,8 @@ from bppsa.models import (
 )
 from bppsa.scan._core import tracing
 from bppsa.scan._core.forward import SequentialForward
+from bppsa.scan._core.fused import backend, kernel, lanes, padded, triton
 from bppsa.scan._core.fused import forward as fused_forward
-from bppsa.scan._core.fused import kernel, lanes, padded, triton
 from bppsa.scan._core.fused.forward import Fused
 from bppsa.scan._core.fused.split import residuals
 from bppsa.scan._core.jaxprs.walk import flat_jaxpr
@@ -407,6 +407,134 @@ def test_gradients_through_the_library_rules(cell_type, cell, monkeypatch):
     assert max(relative_errors(actual, expected)) <= 1e-5
 
 
+# ---- the loop's step: residuals loaded ahead, constants permuted once ------------------------
+
+
+def interpreted_loop(cell, hidden, reverse=False):
+    """``(loop, run)``: the interpreted plan of ``cell``'s fused forward at ``hidden``, and
+    ``run(launch)``, its kernel's carries after every step under ``launch``."""
+    body, init = CELLS[cell](hidden)
+    xs = xs_of()
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    loop = Fused().prepare(problem).loop.interpreted
+    _, _, constants, steps = residuals(loop.split, problem.body.consts, [xs], T)
+    leaves = jax.tree.leaves(init)
+
+    def run(launch, constants=constants, steps=steps):
+        return kernel.carries_after(
+            loop.split,
+            T,
+            leaves,
+            constants,
+            steps,
+            backend=loop.backend,
+            launch=launch,
+            reverse=reverse,
+        )
+
+    return loop, run, (constants, steps)
+
+
+@pytest.mark.parametrize(("cell", "hidden"), [("rnn", 20), ("gru", 20), ("lstm", 64)])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_prefetch_on_and_off_give_identical_carries(cell, hidden, reverse):
+    """The kernel loads step ``t + 1``'s residuals during step ``t`` (``Launch.prefetch``, the
+    default) or each step's own: the same carries, bit for bit, in both directions."""
+    loop, run, _ = interpreted_loop(cell, hidden, reverse)
+    assert loop.launch.prefetch
+    ahead = run(loop.launch)
+    own = run(dataclasses.replace(loop.launch, prefetch=False))
+    for a, b in zip(ahead, own, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_the_profile_switches_the_prefetch():
+    assert GPU.kernels.fused_prefetch
+    off = dataclasses.replace(GPU.kernels, fused_prefetch=False)
+    assert not backend.launch_of(off, "auto", "auto").prefetch
+    assert backend.launch_of(GPU.kernels, "auto", "auto").prefetch
+    with pytest.raises(ValueError, match="fused_prefetch must be a bool"):
+        dataclasses.replace(GPU.kernels, fused_prefetch=1)
+
+
+def _loop_body(text_jaxpr):
+    """The body of the one loop in a kernel's jaxpr and its step counter."""
+    (eqn,) = [e for e in text_jaxpr.eqns if e.primitive.name in ("scan", "while")]
+    if eqn.primitive.name == "scan":
+        body = eqn.params["jaxpr"].jaxpr
+        return body, body.invars[eqn.params["num_consts"]]
+    body = eqn.params["body_jaxpr"].jaxpr
+    return body, body.invars[eqn.params["body_nconsts"]]
+
+
+def _ancestors(jaxpr, var) -> list:
+    """The equations of ``jaxpr`` that ``var`` is computed from."""
+    made = {v: e for e in jaxpr.eqns for v in e.outvars}
+    seen, todo = [], [var]
+    while todo:
+        eqn = made.get(todo.pop())
+        if eqn is not None and eqn not in seen:
+            seen.append(eqn)
+            todo.extend(v for v in eqn.invars if not isinstance(v, jax.extend.core.Literal))
+    return seen
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_loop_body_reads_the_next_steps_residuals(prefetch, reverse):
+    """With the prefetch, every load of the loop's body reads step ``min(k + 1, T - 1)``'s
+    residuals (of the loop's order; clamped, never out of range), carried into step ``k + 1``;
+    without it, step ``k``'s. The constants are read once, before the loop."""
+    loop, run, (constants, steps) = interpreted_loop("rnn", 20, reverse)
+    launch = dataclasses.replace(loop.launch, prefetch=prefetch)
+    traced = jax.make_jaxpr(lambda c, s: run(launch, c, s))(constants, steps)
+    (call,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
+    body, counter = _loop_body(call.params["jaxpr"])
+    loads = [e for e in body.eqns if e.primitive.name == "get"]
+    assert len(loads) == len(loop.split.step_residuals) >= 1
+    for load in loads:
+        index = [v for v in load.invars[1:] if not isinstance(v, jax.extend.core.Literal)]
+        chain = [e for v in index for e in _ancestors(body, v)]
+        ahead = [
+            e
+            for e in chain
+            if e.primitive.name == "min"
+            and any(
+                a.primitive.name == "add" and counter in a.invars and 1 in _literals(a)
+                for a in _ancestors(body, e.invars[0])
+            )
+            and T - 1 in _literals(e)
+        ]
+        assert bool(ahead) == prefetch, load
+        assert counter in [v for e in chain for v in e.invars] or counter in index
+
+
+def _literals(eqn) -> list:
+    return [v.val for v in eqn.invars if isinstance(v, jax.extend.core.Literal)]
+
+
+def test_contracted_constants_are_permuted_once_outside_the_loop():
+    """The RNN's ``W_hh^T`` (hoisted as ``h @ W_hh^T``'s constant) is contracted along its
+    first axis: at H = 20 (32 padded entries) the kernel reads it permuted, its contracting
+    axis last, passed so from outside the kernel; at H = 64 its contracting axis stays first (no
+    permuted copy). Either way the carries equal those of the rule's own permutation, bit for
+    bit."""
+    for hidden, permuted in ((20, 1), (64, 0)):
+        loop, run, _ = interpreted_loop("rnn", hidden)
+        split = loop.split
+        pairs = loop.backend.permuted_constants(split.recurrence, split.constant_residuals)
+        assert len(pairs) == permuted
+        if permuted:
+            ((var, order),) = pairs
+            assert order == (1, 0) and var in split.constant_residuals
+        ours = run(loop.launch)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(type(loop.backend), "permuted_constants", lambda self, e, c: [])
+            theirs = run(loop.launch)
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---- the CUDA lowering -----------------------------------------------------------------------
 
 
@@ -472,3 +600,20 @@ def test_the_cuda_lowering_launches_with_the_asked_warps_and_the_profiles_stages
     text = cuda_text(lambda c, x: bppsa.scan(body, c, x, forward=Fused(num_warps=2)), init, xs_of())
     assert "xla.gpu.triton" in text
     assert "num_warps = 2" in text and "num_stages = 1" in text
+
+
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_the_cuda_lowering_holds_the_kernel_with_and_without_the_prefetch(prefetch):
+    """The GRU at H = 20 lowered for CUDA on the H200's profile with ``fused_prefetch`` on and
+    off: the Triton kernel either way, and no while loop of its own."""
+    body, init = CELLS["gru"](20)
+    kernels = dataclasses.replace(GPU.kernels, fused_prefetch=prefetch)
+    profile = dataclasses.replace(GPU, kernels=kernels)
+    method = bppsa.Auto(profile=profile)
+    with bppsa.trace_plans() as plans:
+        text = cuda_text(
+            lambda c, x: bppsa.scan(body, c, x, forward="fused", method=method), init, xs_of()
+        )
+    assert plans[0].forward == Fused() and plans[0].forward_because is None
+    assert text.count(fused_forward.KERNEL_NAME) >= 1 and "xla.gpu.triton" in text
+    assert "stablehlo.while" not in text

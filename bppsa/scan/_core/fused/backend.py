@@ -45,7 +45,9 @@ class Launch:
         num_stages: the compiler's software-pipelining stages.
         lanes: lanes of the carry per program where they are independent (``None``: one
             program per example).
-        prefetch: whether each step's residuals are loaded one step ahead.
+        prefetch: whether the loop loads step ``t + 1``'s residuals during step ``t`` (carried
+            in the loop's state), so that no load from global memory waits on the carry's
+            dependency chain; ``False``: each step loads its own.
     """
 
     num_warps: int
@@ -100,8 +102,15 @@ class Backend(abc.ABC):
         """Entries of the largest array the kernel forms for ``eqn``."""
 
     @abc.abstractmethod
-    def run_equations(self, eqns: Sequence[Any], env: dict) -> dict:
-        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values)."""
+    def run_equations(self, eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> dict:
+        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values);
+        ``permuted`` maps :meth:`permuted_constants`' pairs to their values."""
+
+    def permuted_constants(self, eqns: Sequence[Any], constants: Sequence[Any]) -> list[tuple]:
+        """The ``(variable, axis order)`` pairs of the ``constants`` that ``eqns`` read
+        permuted: the kernel passes each one permuted (and padded) once, rather than permuting
+        it at every step (none by default)."""
+        return []
 
     @abc.abstractmethod
     def masked(self, x, shape: Sequence[int], fill) -> Any:
@@ -164,8 +173,11 @@ class Interpreted(Backend):
     def largest_tile(self, eqn):
         return self.compiled.largest_tile(eqn)
 
-    def run_equations(self, eqns, env):
-        return self.compiled.run_equations(eqns, env)
+    def run_equations(self, eqns, env, permuted=None):
+        return self.compiled.run_equations(eqns, env, permuted)
+
+    def permuted_constants(self, eqns, constants):
+        return self.compiled.permuted_constants(eqns, constants)
 
     def masked(self, x, shape, fill):
         return self.compiled.masked(x, shape, fill)

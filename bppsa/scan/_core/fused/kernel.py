@@ -68,18 +68,36 @@ def carries_after(
     source = split if tiled is None else tiled
     carry_in, carry_out = source.carry_in, source.carry_out
     shapes = [tuple(v.aval.shape) for v in carry_in]
-    in_vars = [*carry_in, *source.constant_residuals, *source.step_residuals]
-    values = [*init, *constants, *steps]
-    leads = [0] * (len(init) + len(constants)) + [1] * len(steps)
-    axes = tiled.axes if tiled is not None else (None,) * len(in_vars)
+    permuted = backend.permuted_constants(source.recurrence, source.constant_residuals)
+    position = {v: i for i, v in enumerate(source.constant_residuals)}
+    axes = list(tiled.axes) if tiled is not None else [None] * (len(init) + len(constants))
+    if tiled is None:
+        axes += [None] * len(steps)
+    ni, nk, nq = len(init), len(constants), len(permuted)
+    # each permuted constant: its value permuted outside the kernel, its lane axis moved along
+    moved = [axes[ni + position[v]] for v, _ in permuted]
+    axes[ni + nk : ni + nk] = [
+        None if a is None else order.index(a) for a, (_, order) in zip(moved, permuted)
+    ]
+    values = [
+        *init,
+        *constants,
+        *(jnp.transpose(constants[position[v]], order) for v, order in permuted),
+        *steps,
+    ]
+    avals = [
+        *(tuple(v.aval.shape) for v in [*carry_in, *source.constant_residuals]),
+        *(tuple(v.aval.shape[d] for d in order) for v, order in permuted),
+        *(tuple(v.aval.shape) for v in source.step_residuals),
+    ]
+    leads = [0] * (ni + nk + nq) + [1] * len(steps)
     count = 1 if tiled is None else tiled.count
     padded_shape = backend.padded_shape
-    blocks = [padded_shape(v.aval.shape) for v in in_vars]
+    blocks = [padded_shape(shape) for shape in avals]
     inputs = [
         _padded_to(x, lead, _whole(block, axis, count))
         for x, lead, block, axis in zip(values, leads, blocks, axes)
     ]
-    ni, nk = len(init), len(constants)
     out_shape = [
         jax.ShapeDtypeStruct((length, *_whole(padded_shape(s), a, count)), v.aval.dtype)
         for s, v, a in zip(shapes, carry_in, axes)
@@ -95,17 +113,25 @@ def carries_after(
             "out_specs": [_tile_spec(padded_shape(s), a, (length,)) for s, a in zip(shapes, axes)],
         }
 
+    def time(k):
+        return length - 1 - k if reverse else k
+
     def kernel(*refs):
         init_refs, const_refs = refs[:ni], refs[ni : ni + nk]
-        step_refs, out_refs = refs[ni + nk : len(inputs)], refs[len(inputs) :]
+        permuted_refs = refs[ni + nk : ni + nk + nq]
+        step_refs, out_refs = refs[ni + nk + nq : len(inputs)], refs[len(inputs) :]
         const_values = [r[...] for r in const_refs]
+        permuted_values = {pair: r[...] for pair, r in zip(permuted, permuted_refs)}
 
-        def body(k, carry):
-            t = length - 1 - k if reverse else k
+        def load(k):
+            return [r[time(k)] for r in step_refs]
+
+        def step(k, carry, step_values):
+            t = time(k)
             env = dict(zip(carry_in, carry))
             env.update(zip(source.constant_residuals, const_values))
-            env.update(zip(source.step_residuals, [r[t] for r in step_refs]))
-            backend.run_equations(source.recurrence, env)
+            env.update(zip(source.step_residuals, step_values))
+            backend.run_equations(source.recurrence, env, permuted_values)
             new = []
             for v, shape, old, ref in zip(carry_out, shapes, carry, out_refs):
                 if isinstance(v, Literal):
@@ -117,7 +143,17 @@ def carries_after(
                 new.append(value)
             return new
 
-        lax.fori_loop(0, length, body, [r[...] for r in init_refs])
+        first = [r[...] for r in init_refs]
+        if launch.prefetch and step_refs and length > 1:
+
+            def ahead(k, state):
+                carry, current = state
+                following = load(jnp.minimum(k + 1, length - 1))  # issued before the step
+                return step(k, carry, current), following
+
+            lax.fori_loop(0, length, ahead, (first, load(0)))
+        else:
+            lax.fori_loop(0, length, lambda k, carry: step(k, carry, load(k)), first)
 
     after = pl.pallas_call(
         kernel,

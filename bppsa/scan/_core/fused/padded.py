@@ -158,26 +158,75 @@ def _reduce(eqn, args):
     return bind(eqn, x)
 
 
-def _dot_general(eqn, args):
-    """``dot_general`` as a broadcast product summed over the (masked) contracting axes."""
+def _dot_general(eqn, args, ready=(None, None)):
+    """``dot_general`` as a broadcast product summed over the (masked) contracting axes.
+
+    ``ready`` holds, for each operand, its value already in the order the product reads it
+    (:func:`dot_orders`; a constant permuted and padded before the loop, zero in its padded
+    lanes) or ``None``."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = args
     lshape, rshape = _shape(eqn.invars[0]), _shape(eqn.invars[1])
     out_dtype = eqn.outvars[0].aval.dtype
     acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
-    lhs = masked(lhs.astype(acc), lshape, lc, 0)
-    rhs = masked(rhs.astype(acc), rshape, rc, 0)
-    lf = [d for d in range(len(lshape)) if d not in lc and d not in lb]
-    rf = [d for d in range(len(rshape)) if d not in rc and d not in rb]
-    lhs = _permute(lhs, [*lb, *lf, *lc])
-    rhs = _permute(rhs, [*rb, *rf, *rc])
-    nb, nl, nr, nc = len(lb), len(lf), len(rf), len(lc)
-    # (B, LF, 1.., C) * (B, 1.., RF, C) -> (B, LF, RF, C), summed over C
-    lhs = lax.expand_dims(lhs, tuple(range(nb + nl, nb + nl + nr)))
-    rhs = lax.expand_dims(rhs, tuple(range(nb, nb + nl)))
-    product = lhs * rhs
-    out = product.sum(axis=tuple(range(nb + nl + nr, nb + nl + nr + nc))) if nc else product
+    lorder, rorder = dot_orders(eqn)
+    lhs = _operand(lhs, lshape, lc, lorder, acc, ready[0])
+    rhs = _operand(rhs, rshape, rc, rorder, acc, ready[1])
+    nb, nl, nr = len(lb), len(lorder) - len(lb) - len(lc), len(rorder) - len(rb) - len(rc)
+    nc = len(lc)
+    if _contracting_first(eqn):
+        # (B, C, LF, 1..) * (B, C, 1.., RF) -> (B, C, LF, RF), summed over C
+        lhs = lax.expand_dims(lhs, tuple(range(nb + nc + nl, nb + nc + nl + nr)))
+        rhs = lax.expand_dims(rhs, tuple(range(nb + nc, nb + nc + nl)))
+        product = lhs * rhs
+        out = product.sum(axis=tuple(range(nb, nb + nc))) if nc else product
+    else:
+        # (B, LF, 1.., C) * (B, 1.., RF, C) -> (B, LF, RF, C), summed over C
+        lhs = lax.expand_dims(lhs, tuple(range(nb + nl, nb + nl + nr)))
+        rhs = lax.expand_dims(rhs, tuple(range(nb, nb + nl)))
+        product = lhs * rhs
+        out = product.sum(axis=tuple(range(nb + nl + nr, nb + nl + nr + nc))) if nc else product
     return [out.astype(out_dtype)]
+
+
+# The most padded entries a contraction sums with its contracting axes last (see dot_orders).
+ROW_CONTRACTION = 32
+
+
+def _contracting_first(eqn) -> bool:
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    lshape = padded_shape(_shape(eqn.invars[0]))
+    return math.prod(lshape[d] for d in lc) > ROW_CONTRACTION
+
+
+def dot_orders(eqn) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The axis order in which ``dot_general``'s rule reads each operand: batch axes first,
+    then the contracting axes last where they hold at most :data:`ROW_CONTRACTION` padded
+    entries, else first.
+
+    Triton lays a row-major array out with its last axis across the threads of a warp. A short
+    contraction last is summed within the warp (no shared memory) and leaves each thread a few
+    of the outputs; a longer one would leave each thread many outputs, each held by the 16 or
+    more threads that summed it, and the elementwise work after the contraction (a gate's
+    sigmoid) repeated on all of them: it is summed down the columns instead."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    first = _contracting_first(eqn)
+    orders = []
+    for v, contracting, batch in ((eqn.invars[0], lc, lb), (eqn.invars[1], rc, rb)):
+        free = [d for d in range(len(_shape(v))) if d not in contracting and d not in batch]
+        if first:
+            orders.append((*batch, *contracting, *free))
+        else:
+            orders.append((*batch, *free, *contracting))
+    return orders[0], orders[1]
+
+
+def _operand(x, shape, contracting, order, acc, ready):
+    """A contraction's operand as its product reads it: cast, masked along the contracting
+    axes and permuted to ``order`` (``ready``: that already, from before the loop)."""
+    if ready is not None:
+        return ready.astype(acc)
+    return _permute(masked(x.astype(acc), shape, contracting, 0), order)
 
 
 def _permute(x, order):
@@ -335,13 +384,41 @@ def largest_tile(eqn) -> int:
     return max(sizes)
 
 
-def run_padded(eqns: Sequence[Any], env: dict) -> dict:
-    """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values)."""
+def permuted_constants(eqns: Sequence[Any], constants: Sequence[Any]) -> list[tuple]:
+    """The ``(variable, order)`` pairs of the ``constants`` that a contraction of ``eqns``
+    reads permuted (:func:`dot_orders`): the kernel permutes them once, before its loop, rather
+    than at every step."""
+    wanted = set(constants)
+    pairs: list[tuple] = []
+    for eqn in eqns:
+        if eqn.primitive.name != "dot_general":
+            continue
+        for v, order in zip(eqn.invars, dot_orders(eqn)):
+            if isinstance(v, Literal) or v not in wanted or order == tuple(range(len(order))):
+                continue
+            if (v, order) not in pairs:
+                pairs.append((v, order))
+    return pairs
+
+
+def run_padded(eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> dict:
+    """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values);
+    ``permuted`` maps :func:`permuted_constants`' pairs to their values, permuted and padded
+    (zero in the padded lanes)."""
+    permuted = permuted or {}
 
     def read(v):
         return v.val if isinstance(v, Literal) else env[v]
 
     for eqn in eqns:
-        outs = RULES[eqn.primitive.name](eqn, [read(v) for v in eqn.invars])
+        args = [read(v) for v in eqn.invars]
+        if eqn.primitive.name == "dot_general" and permuted:
+            ready = tuple(
+                None if isinstance(v, Literal) else permuted.get((v, order))
+                for v, order in zip(eqn.invars, dot_orders(eqn))
+            )
+            outs = _dot_general(eqn, args, ready)
+        else:
+            outs = RULES[eqn.primitive.name](eqn, args)
         env.update(zip(eqn.outvars, outs))
     return env

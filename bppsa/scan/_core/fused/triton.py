@@ -61,8 +61,11 @@ class Triton(Backend):
     def largest_tile(self, eqn):
         return padded.largest_tile(eqn)
 
-    def run_equations(self, eqns, env):
-        return padded.run_padded(eqns, env)
+    def run_equations(self, eqns, env, permuted=None):
+        return padded.run_padded(eqns, env, permuted)
+
+    def permuted_constants(self, eqns, constants):
+        return padded.permuted_constants(eqns, constants)
 
     def masked(self, x, shape, fill):
         return padded.masked(x, shape, range(len(shape)), fill)
