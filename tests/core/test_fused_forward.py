@@ -451,8 +451,9 @@ def test_prefetch_on_and_off_give_identical_carries(cell, hidden, reverse):
 def test_the_profile_switches_the_prefetch():
     assert GPU.kernels.fused_prefetch
     off = dataclasses.replace(GPU.kernels, fused_prefetch=False)
-    assert not backend.launch_of(off, "auto", "auto").prefetch
-    assert backend.launch_of(GPU.kernels, "auto", "auto").prefetch
+    small = backend.Footprint(tile=1024, resident=1088)
+    assert not backend.launch_of(off, small, "auto", "auto").prefetch
+    assert backend.launch_of(GPU.kernels, small, "auto", "auto").prefetch
     with pytest.raises(ValueError, match="fused_prefetch must be a bool"):
         dataclasses.replace(GPU.kernels, fused_prefetch=1)
 
