@@ -63,3 +63,20 @@ def admitted(
         if row["tile"] <= tile and row["resident"] <= resident:
             return program
     return None
+
+
+def step_estimates(
+    rows: Iterable[dict[str, Any]], listed: Sequence[tuple[int, int, int]], arch: int
+) -> dict[int, float]:
+    """``{num_warps: seconds}``: for each program of ``listed``, the slowest estimated step
+    (``step_us``) of target ``arch``'s kernels it launches at its warps, the static estimate
+    of its step (``FusedProgram.step_latency``)."""
+    out: dict[int, float] = {}
+    for row in rows:
+        if row["arch"] != arch or row.get("status") != "compiled":
+            continue
+        program = admitted(row, listed)
+        if program is None or program[0] != row["num_warps"]:
+            continue
+        out[program[0]] = max(out.get(program[0], 0.0), row["step_us"] * 1e-6)
+    return out

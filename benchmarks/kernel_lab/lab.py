@@ -1,9 +1,9 @@
 """The kernel lab's grid: capture, compile, read and estimate every kernel, one row each.
 
 A row is one captured kernel (:class:`~benchmarks.kernel_lab.capture.Spec`) compiled for one
-target (``arch``: 90 for sm_90a, 80 for sm_80) at one ``num_warps``: its footprint and what the
-library's profile does with it (``library_warps``: the warps it launches it with, ``None``:
-refused, ``library_why_not`` then says why), the compiler's resources, the time loop's
+target (``arch``: 90 for sm_90a, 80 for sm_80) at one ``num_warps``: its footprint (what the
+profile's envelope compares: :mod:`~benchmarks.kernel_lab.report` reads which program launches
+it from the profile in force), the compiler's resources, the time loop's
 instruction mix and the model's estimate (``step_us``). Kernels whose TTIR is the same (a
 batched and an unbatched loop usually are) are compiled once. Rows are appended to a partial
 file as they come, so an interrupted run resumes where it stopped; the finished file is
@@ -68,8 +68,6 @@ def row_of(
         "grid": captured.grid,
         "tile": captured.tile,
         "resident": captured.resident,
-        "library_warps": captured.library_warps,
-        "library_why_not": captured.library_why_not,
         "arch": compiled.arch,
         "num_warps": compiled.num_warps,
         "registers": used.registers,
@@ -77,7 +75,7 @@ def row_of(
         "spill_loads": used.spill_loads,
         "stack": used.stack,
         "shared": used.shared,
-        "loop": sass.mix(loop),
+        "mix": sass.mix(loop),
         "cycles": cycles,
         "step_us": round(cycles / model.CLOCK_HZ[compiled.arch] * 1e6, 4),
         "ttir_sha": ttir_sha,
@@ -96,8 +94,6 @@ def too_large(captured: capture.Captured, arch: int, count: int, sha: str) -> di
         "grid": captured.grid,
         "tile": captured.tile,
         "resident": captured.resident,
-        "library_warps": captured.library_warps,
-        "library_why_not": captured.library_why_not,
         "arch": arch,
         "num_warps": count,
         "status": "too large",

@@ -106,6 +106,9 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "compiler": sorted({row["triton"] for row in rows if "triton" in row}),
         "jax": sorted({row["jax"] for row in rows if "jax" in row}),
         "programs": {f"sm_{a}": envelope.programs(rows, a) for a in archs},
+        "step_latency": {
+            f"sm_{a}": envelope.step_estimates(rows, envelope.programs(rows, a), a) for a in archs
+        },
         "profile_programs": _profile_programs(),
         "admitted_spilling": [r["kernel"] for r in admitted_spills(rows)],
         "targets": targets,
@@ -124,7 +127,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "resident",
                 )
             }
-            | {"instructions": k.get("loop", {}).get("total")}
+            | {"instructions": k.get("mix", {}).get("total")}
             for k in kernels
         ],
     }

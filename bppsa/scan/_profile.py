@@ -197,7 +197,11 @@ class FusedProgram:
 
 # The kernel lab's envelope for sm_90a (H100, H200): python -m benchmarks.kernel_lab, the
 # programs of benchmarks/results/kernel_lab/kernels.jsonl (benchmarks.kernel_lab.envelope)
-SM90_PROGRAMS = (FusedProgram(num_warps=1, max_tile=1 << 16, max_resident=1 << 17),)
+SM90_PROGRAMS = (
+    FusedProgram(num_warps=1, max_tile=4096, max_resident=4288),
+    FusedProgram(num_warps=2, max_tile=4096, max_resident=12544),
+    FusedProgram(num_warps=4, max_tile=16384, max_resident=16768),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,7 @@ library's derivative rules with ``jax.grad`` through ``lax.scan``, and its lower
 under an abstract H200 is checked to hold the Triton kernel and no while loop of its own.
 """
 
+import contextlib
 import dataclasses
 import functools
 
@@ -146,9 +147,31 @@ CELLS = {
 }
 
 
-def fused_plan(body, init, xs):
+def fused_plan(body, init, xs, profile=None):
     problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
-    return Fused().prepare(problem), Fused().why_not(problem)
+    return Fused().prepare(problem, profile), Fused().why_not(problem, profile)
+
+
+# The built-in envelope and a program of 16 warps holding 2^16 entries in one operation and
+# 2^17 loaded: for cases past the built-in envelope whose point is not the envelope (their
+# kernels would spill on a device, which the interpreter does not mind).
+WIDE = bppsa.FusedProgram(num_warps=16, max_tile=1 << 16, max_resident=1 << 17)
+
+
+@contextlib.contextmanager
+def wide_envelope():
+    """The CPU's scans traced inside the block run with :data:`WIDE` added; yields that
+    profile."""
+    cpu = bppsa.get_profile("cpu")
+    programs = (*cpu.kernels.fused_programs, WIDE)
+    wide = dataclasses.replace(
+        cpu, kernels=dataclasses.replace(cpu.kernels, fused_programs=programs)
+    )
+    bppsa.set_profile("cpu", wide)
+    try:
+        yield wide
+    finally:
+        bppsa.set_profile("cpu", None)
 
 
 # ---- values ----------------------------------------------------------------------------------
@@ -170,8 +193,9 @@ def fused_plan(body, init, xs):
 def test_interpreted_kernel_equals_lax_scan(cell, hidden):
     body, init = CELLS[cell](hidden)
     xs = xs_of()
-    assert fused_plan(body, init, xs)[1] is None  # the kernel runs it
-    assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+    with wide_envelope() as profile:
+        assert fused_plan(body, init, xs, profile)[1] is None  # the kernel runs it
+        assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
 
 
 def test_reverse_and_vmap():
@@ -285,10 +309,11 @@ def test_lanes_that_mix_are_not_split():
     }
     xs = xs_of()
     for why, (body, init) in cells.items():
-        plan, reason = fused_plan(body, init, xs)
-        assert reason is None and plan.tiled is None
-        assert why in lanes.lanes_of(plan.split)
-        assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
+        with wide_envelope() as profile:  # W_hh of H = 200: past the built-in envelope
+            plan, reason = fused_plan(body, init, xs, profile)
+            assert reason is None and plan.tiled is None
+            assert why in lanes.lanes_of(plan.split)
+            assert_close(bppsa.scan(body, init, xs, forward="fused"), lax.scan(body, init, xs))
     body, init = library(DiagonalGRU(), diagonal_gru_cell)(128)  # one tile: one program
     assert fused_plan(body, init, xs)[0].tiled is None
     body, init = library(DiagonalGRU(), diagonal_gru_cell)(300)
