@@ -5,7 +5,8 @@ model's :class:`Rates`, ``Auto()``'s thresholds on CPUs (:class:`Rules`) and the
 kernels' switches (:class:`Kernels`: the small-size switches, the sparse kernels' choices, the
 fused loops' envelope). :data:`CPU` was measured on this project's 2-core CPUs, :data:`GPU` on
 one NVIDIA H200 (its rates, by which ``Auto()`` ranks the methods on accelerators; its rules
-and kernels keep the CPU's defaults, the fused loops' envelope assumed until measured). Each
+and kernels keep the CPU's defaults, but for the fused loops' programs: the kernel lab's
+envelope with its static estimates of a step, until measured). Each
 field names, in a comment, the benchmark and the result file that measured it; the
 measurements themselves are on the Performance page of the documentation.
 
@@ -58,8 +59,12 @@ class Rates:
         flops: float32 operations per second.
         bandwidth: bytes per second of device memory.
         step_latency: seconds per dependent kernel.
-        fused_step_latency: seconds per step of the fused forward's loop, all steps in one
-            kernel (``bppsa.Fused()``); ``None``: the kernel does not run on this backend.
+        fused_step_latency: seconds per step of a fused loop, all steps in one kernel
+            (``bppsa.Fused()``, ``bppsa.FusedSequential()``), measured on a device
+            (``python -m benchmarks.tools.fit_profile --fused``): a flat rate, which wins over
+            the kernel lab's static estimates of the programs
+            (:attr:`FusedProgram.step_latency`); ``None``: the programs' estimates where they
+            have one, else the cost model does not rank the fused loops.
 
     Raises:
         ValueError: a rate that is not a positive number (naming it).
@@ -168,18 +173,28 @@ class FusedProgram:
         num_warps: warps in the program.
         max_tile: the largest array one operation of the loop may form.
         max_resident: the most the constants and the carry the program keeps loaded may hold.
+        step_latency: seconds a step of the loops the program runs takes: a static estimate
+            of the kernel lab (``python -m benchmarks.kernel_lab``, from the compiled
+            kernels' instructions, not a measurement), the slowest of the lab's kernels this
+            program launches. The cost model prices a fused loop's step at the estimate of
+            the program its plan launches, unless the profile has a measured
+            ``Rates.fused_step_latency``; ``None``: no estimate.
 
     Raises:
-        ValueError: a field that is not a positive integer (naming it).
+        ValueError: a field that is not a positive integer (naming it), or a ``step_latency``
+            that is not a positive number.
     """
 
     num_warps: int
     max_tile: int
     max_resident: int
+    step_latency: float | None = None
 
     def __post_init__(self):
         for field in ("num_warps", "max_tile", "max_resident"):
             _check_number("FusedProgram", field, getattr(self, field), integer=True)
+        if self.step_latency is not None:
+            _check_number("FusedProgram", "step_latency", self.step_latency)
 
     def holds(self, tile: int, resident: int) -> str | None:
         """Which limit a loop of ``tile`` and ``resident`` entries passes (``None``: none)."""
@@ -196,12 +211,17 @@ class FusedProgram:
 
 
 # The kernel lab's envelope for sm_90a (H100, H200): python -m benchmarks.kernel_lab, the
-# programs of benchmarks/results/kernel_lab/kernels.jsonl (benchmarks.kernel_lab.envelope)
+# programs of benchmarks/results/kernel_lab/kernels.jsonl (benchmarks.kernel_lab.envelope).
+# step_latency: the lab's static estimates (benchmarks/results/kernel_lab/summary.json), not
+# measured.
 SM90_PROGRAMS = (
-    FusedProgram(num_warps=1, max_tile=4096, max_resident=4288),
-    FusedProgram(num_warps=2, max_tile=4096, max_resident=12544),
-    FusedProgram(num_warps=4, max_tile=16384, max_resident=16768),
+    FusedProgram(num_warps=1, max_tile=4096, max_resident=4288, step_latency=0.5e-6),
+    FusedProgram(num_warps=2, max_tile=4096, max_resident=12544, step_latency=0.8e-6),
+    FusedProgram(num_warps=4, max_tile=16384, max_resident=16768, step_latency=1.0e-6),
 )
+# The same envelope without the estimates: the CPU's (Pallas' interpreter runs the cases the
+# device would, but a step there is nothing like the device's).
+SM90_ENVELOPE = tuple(dataclasses.replace(p, step_latency=None) for p in SM90_PROGRAMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +250,12 @@ class Kernels:
             :class:`FusedProgram` sizes, by warps, with the largest loop each runs without
             spilling. A loop whose warps are left to the profile (``num_warps="auto"``) gets
             the first that holds it (the fewest warps); one beyond the last runs in
-            ``lax.scan`` (``why_not`` names the limit). The CPU runs the kernels in Pallas'
-            interpreter, which has no on-chip memory; it keeps the defaults, sm_90a's, so that
-            the interpreter runs the cases a device would.
+            ``lax.scan`` (``why_not`` names the limit). A program's ``step_latency`` (the
+            kernel lab's static estimate) prices the steps of the loops it runs, where the
+            profile's rates have no measured ``fused_step_latency``. The CPU runs the kernels
+            in Pallas' interpreter, which has no on-chip memory; it keeps the defaults,
+            sm_90a's envelope without the estimates, so that the interpreter runs the cases a
+            device would and the cost model prices no fused loop there.
         fused_backend: the fused loops' kernel backend (``"triton"``: Pallas' Triton backend,
             whose kernels run in Pallas' interpreter on the CPU); ``None``: the platform has
             none, and the fused loops run in ``lax.scan``.
@@ -258,8 +281,8 @@ class Kernels:
     spmv_method: str = "segment"
     densify_density: float = 0.4
     densify_pair_ratio: float = 0.005
-    # the kernel lab's, for sm_90a (SM90_PROGRAMS)
-    fused_programs: tuple[FusedProgram, ...] = SM90_PROGRAMS
+    # the kernel lab's envelope for sm_90a, without its estimates (SM90_ENVELOPE)
+    fused_programs: tuple[FusedProgram, ...] = SM90_ENVELOPE
     fused_backend: str | None = "triton"
     # stages: 1, a fori_loop's loads do not pipeline (the kernel lab: identical code); lanes:
     # ASSUMED, one lane per thread of 4 warps
@@ -404,11 +427,13 @@ GPU = Profile(
         # fitted; BP's pullback takes 7.4-9.1 us per RNN step (gpu_backward.jsonl, B = 16); the
         # picks at RNN T = 1000, H = 1024, B = 1 and H = 256, B = 256 (h_sweep) need 5.8-24 us
         step_latency=7.94e-6,
-        # ASSUMED, not measured: the fused kernel's target (about 1 us a step); gpu.sh's forward
-        # rows measure it (fused_forward_gpu.jsonl): benchmarks.tools.fit_profile --fused
-        fused_step_latency=1e-6,
+        # not measured: a fused loop's step is priced at the kernel lab's static estimate of
+        # the program it runs in (SM90_PROGRAMS' step_latency) until gpu.sh's forward rows
+        # (fused_forward_gpu.jsonl) measure it: benchmarks.tools.fit_profile --fused
+        fused_step_latency=None,
     ),
-    # the fused loops' envelope and warps: the kernel lab's for sm_90a (SM90_PROGRAMS)
+    # the fused loops' envelope, warps and step estimates: the kernel lab's for sm_90a
+    # (SM90_PROGRAMS)
     kernels=Kernels(fused_programs=SM90_PROGRAMS),
 )
 
@@ -416,7 +441,8 @@ GPU = Profile(
 # Any other platform (TPU, ROCm, METAL, ...): nothing measured there. ASSUMED, not measured: the
 # H200's rates, placeholders until a fit on such a device replaces them (bppsa.set_profile);
 # no fused_step_latency, and no fused kernel backend (the fused loops' lax.platform_dependent
-# runs lax.scan there), so that Auto() and AutoForward() never rank the fused loops.
+# runs lax.scan there), so that Auto() and AutoForward() never rank the fused loops (the
+# programs' estimates are sm_90a's, and price nothing without a backend).
 ACCELERATOR = Profile(
     "an accelerator other than NVIDIA's (ASSUMED: the H200's rates; no fused kernels)",
     dataclasses.replace(GPU.rates, fused_step_latency=None),

@@ -15,11 +15,15 @@ from bppsa.scan._core import cost
 from bppsa.scan._core.auto_forward import MIN_ITERATIONS, OVERRUN, break_even, budget
 from bppsa.scan._core.cost import footprint_of
 from bppsa.scan._core.forward import SequentialForward
-from bppsa.scan._profile import GPU
+from bppsa.scan._profile import GPU, SM90_ENVELOPE
 from tests.helpers import assert_trees_close
 
-# The accelerator profile without its fused kernel, on this CPU: lax.scan or a bounded Newton.
-NO_FUSED = dataclasses.replace(GPU, rates=dataclasses.replace(GPU.rates, fused_step_latency=None))
+# The accelerator profile without a fused step latency (no measured rate, its programs without
+# the kernel lab's estimates), on this CPU: lax.scan or a bounded Newton.
+NO_FUSED = dataclasses.replace(
+    GPU, kernels=dataclasses.replace(GPU.kernels, fused_programs=SM90_ENVELOPE)
+)
+assert GPU.rates.fused_step_latency is None and not cost.fused_rated(NO_FUSED)
 ON_GPU = bppsa.Auto(profile=NO_FUSED)
 BLELLOCH = bppsa.Blelloch()
 

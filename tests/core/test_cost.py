@@ -1,11 +1,21 @@
 """The cost model of the backward methods (bppsa.scan._core.cost): counts that follow the
-algorithms, and a time that adds latency-bound steps to throughput-bound work."""
+algorithms, and a time that adds latency-bound steps to throughput-bound work; a fused loop's
+step at the static estimate of the program its plan launches, unless a measured rate wins."""
 
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
 import pytest
 
 import bppsa
+from bppsa.models import RNN, rnn_cell
 from bppsa.scan._core import cost
-from bppsa.scan._core.memory import Footprint
+from bppsa.scan._core.memory import NOT_CHECKED, Footprint
+from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES, checked_footprint, ranked
+from bppsa.scan._core.problem import prepare
+from bppsa.scan._profile import CPU, GPU, SM90_ENVELOPE
 
 
 def footprint(length, size=20, batch=16):
@@ -72,3 +82,150 @@ def test_sharded_costs_a_slice_its_aggregate_and_the_exchange(exchange):
     # fewer than back-propagation's T, for P times the slice's arithmetic.
     assert 2500 < sharded.steps < 2500 + part.steps + 10
     assert sharded.flops > part.flops
+
+
+# ---- the fused loops' step: the program's static estimate, unless measured ------------------
+
+B = 16
+SMALL = bppsa.FusedProgram(num_warps=1, max_tile=1 << 16, max_resident=1100, step_latency=0.3e-6)
+LARGE = bppsa.FusedProgram(num_warps=4, max_tile=1 << 16, max_resident=1 << 17, step_latency=0.9e-6)
+
+
+def with_fused(*programs, **rates):
+    """The GPU profile with ``programs`` and the rates changed by ``rates``."""
+    return dataclasses.replace(
+        GPU,
+        rates=dataclasses.replace(GPU.rates, **rates),
+        kernels=dataclasses.replace(GPU.kernels, fused_programs=programs),
+    )
+
+
+def rnn_problem(hidden, length=64):
+    """The scan of the paper's RNN over ``length`` steps of ``B`` vmapped examples."""
+    params = RNN().init(2, hidden, key=jax.random.key(0))
+    body = lambda h, x: (rnn_cell(params, h, x), h)
+    xs = jnp.ones((length, 2))
+    return prepare(body, jnp.zeros(hidden), xs, None, reverse=False, batch=B)[0]
+
+
+def rnn_grad_plan(profile, length, hidden=20):
+    """The plan ``Auto(profile=profile)`` makes for a gradient through the RNN (traced only)."""
+    params = RNN().init(2, hidden, key=jax.random.key(0))
+    xs = jnp.ones((B, length, 2))
+
+    def loss(p, x):
+        h, hs = bppsa.scan(lambda h, x: (rnn_cell(p, h, x), h), jnp.zeros(hidden), x)
+        return jnp.sum(h**2) + jnp.sum(jnp.sin(hs))
+
+    grad = bppsa.grad(
+        lambda p: jax.vmap(functools.partial(loss, p))(xs).sum(),
+        method=bppsa.Auto(profile=profile),
+    )
+    [plan] = bppsa.trace_plans(grad, params)
+    return plan
+
+
+def test_a_fused_loop_is_priced_at_the_estimate_of_the_program_its_plan_launches():
+    """Two programs: the RNN at H = 20 (1088 resident entries in its forward's loop, 1056 in
+    its backward's) runs in the first, at its 0.3 us a step; at H = 64 (over 4096) in the
+    second, at its 0.9 us. The plans carry the program, the footprint its estimate, and the
+    cost model prices each loop's steps at it (no measured rate on this profile)."""
+    profile = with_fused(SMALL, LARGE)
+    assert profile.rates.fused_step_latency is None and cost.fused_rated(profile)
+    for hidden, program in ((20, SMALL), (64, LARGE)):
+        problem = rnn_problem(hidden)
+        forward = bppsa.Fused().prepare(problem, profile)
+        assert forward.loop.program == program and forward.step_latency == program.step_latency
+        fp = checked_footprint(problem, profile)
+        assert (fp.fused_backward, fp.fused_backward_step) == (None, program.step_latency)
+        predicted = bppsa.FusedSequential().cost(fp)
+        saved = fp.length * (profile.rates.step_latency - program.step_latency)
+        plain = cost.Cost.seconds(predicted, profile)
+        assert predicted.seconds(profile) == pytest.approx(plain - saved, rel=1e-12)
+        stepped = dataclasses.replace(fp, fused_forward_step=forward.step_latency)
+        work = cost.sequential_forward(fp)
+        arithmetic = cost.Cost(0, work.flops, work.bytes).seconds(profile)
+        assert cost.fused_forward(stepped, profile) == pytest.approx(
+            fp.length * program.step_latency + arithmetic, rel=1e-12
+        )
+    # A footprint of numbers has no plan: the slowest of the programs' estimates.
+    assert cost.fused_step(profile) == LARGE.step_latency
+    numbers = bppsa.FusedSequential().cost(footprint(64))
+    assert numbers.fused_step is None
+    assert numbers.seconds(profile) == pytest.approx(
+        cost.Cost.seconds(numbers, profile)
+        - 64 * (profile.rates.step_latency - LARGE.step_latency),
+        rel=1e-12,
+    )
+
+
+def test_the_scan_s_decision_prices_the_loops_by_their_plans(monkeypatch):
+    """At T = 1000 the RNN's backward (H = 20) is the fused loop at the small program's
+    0.3 us a step, Blelloch's scan where it runs in the large one at 0.9 us (the first
+    program holding too little); the forward's policy sees its own plan's estimate."""
+    seen = []
+    forward_for = bppsa.AutoForward.forward_for
+
+    def spy(self, fp, *args, **kwargs):
+        seen.append(fp.fused_forward_step)
+        return forward_for(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(bppsa.AutoForward, "forward_for", spy)
+    tight = dataclasses.replace(SMALL, max_resident=1000)
+    assert rnn_grad_plan(with_fused(SMALL, LARGE), 1000).method == bppsa.FusedSequential()
+    assert rnn_grad_plan(with_fused(tight, LARGE), 1000).method == bppsa.Blelloch()
+    assert seen == [SMALL.step_latency, LARGE.step_latency]
+
+
+def test_a_measured_fused_step_latency_wins_over_the_estimates():
+    """``Rates.fused_step_latency`` (a device's measurement, ``fit_profile --fused``) prices
+    every fused step, whatever program the plan launches."""
+    measured = with_fused(SMALL, LARGE, fused_step_latency=2e-6)
+    problem = rnn_problem(20)
+    fp = checked_footprint(problem, measured)
+    assert fp.fused_backward_step == SMALL.step_latency  # the plan's, overridden below
+    assert cost.fused_step(measured, SMALL.step_latency) == 2e-6 == cost.fused_step(measured)
+    predicted = bppsa.FusedSequential().cost(fp)
+    saved = fp.length * (measured.rates.step_latency - 2e-6)
+    plain = cost.Cost.seconds(predicted, measured)
+    assert predicted.seconds(measured) == pytest.approx(plain - saved, rel=1e-12)
+    stepped = dataclasses.replace(fp, fused_forward_step=SMALL.step_latency)
+    work = cost.sequential_forward(fp)
+    arithmetic = cost.Cost(0, work.flops, work.bytes).seconds(measured)
+    assert cost.fused_forward(stepped, measured) == pytest.approx(
+        fp.length * 2e-6 + arithmetic, rel=1e-12
+    )
+    # Without estimates on the programs, the measured rate alone rates the profile.
+    assert cost.fused_step(with_fused(SM90_ENVELOPE[0], fused_step_latency=2e-6)) == 2e-6
+
+
+@pytest.mark.parametrize("which", ["no estimate", "no backend"])
+def test_a_profile_with_no_fused_step_does_not_rank_the_fused_loops(which):
+    """Neither a measured rate nor estimates on its programs, or estimates but no fused
+    backend (other platforms): the fused loops are not priced, not ranked, and the step is not
+    traced for them."""
+    if which == "no estimate":
+        profile = with_fused(*SM90_ENVELOPE)
+    else:
+        profile = dataclasses.replace(
+            with_fused(SMALL, LARGE),
+            kernels=dataclasses.replace(with_fused(SMALL, LARGE).kernels, fused_backend=None),
+        )
+    assert not cost.fused_rated(profile) and cost.fused_step(profile, 1e-6) is None
+    assert ranked(None, profile, fused_backward=True) == ACCELERATOR_CHOICES
+    problem = rnn_problem(20)
+    fp = checked_footprint(problem, profile)
+    assert (fp.fused_backward, fp.fused_backward_step) == (NOT_CHECKED, None)
+    assert cost.fused_forward(dataclasses.replace(fp, fused_forward_step=1e-6), profile) is None
+    predicted = bppsa.FusedSequential().cost(dataclasses.replace(fp, fused_backward_step=1e-6))
+    assert predicted.seconds(profile) == cost.Cost.seconds(predicted, profile)
+    plan = rnn_grad_plan(profile, 64)
+    assert plan.method != bppsa.FusedSequential() and plan.forward != bppsa.Fused()
+
+
+def test_the_cpu_profile_prices_no_fused_step():
+    """The CPU keeps sm_90a's envelope without the lab's estimates: nothing fused is priced
+    there, as before the estimates."""
+    assert CPU.kernels.fused_programs == SM90_ENVELOPE and not cost.fused_rated(CPU)
+    assert cost.fused_rated(GPU) and GPU.rates.fused_step_latency is None
+    assert all(p.step_latency is not None for p in GPU.kernels.fused_programs)

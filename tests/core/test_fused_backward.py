@@ -437,17 +437,25 @@ def test_the_method_object():
 def test_memory_and_cost():
     """It keeps the carries as back-propagation does, and no Jacobians: less memory than the
     sequential scan over them; its T steps run at the profile's fused step latency where it
-    has one, else at its step latency."""
+    prices one (a footprint of numbers: the slowest of the programs' estimates), else at its
+    step latency."""
     fp = footprint(None, state=20, length=10_000, itemsize=4, batch=16)
     assert METHOD.memory(fp) < bppsa.SequentialScan().memory(fp)
     predicted = METHOD.cost(fp)
-    assert (predicted.steps, predicted.fused) == (10_002, 10_000)
-    rates = GPU.rates
-    unfused = dataclasses.replace(GPU, rates=dataclasses.replace(rates, fused_step_latency=None))
-    saved = 10_000 * (rates.step_latency - rates.fused_step_latency)
+    assert (predicted.steps, predicted.fused, predicted.fused_step) == (10_002, 10_000, None)
+    programs = GPU.kernels.fused_programs
+    step = max(p.step_latency for p in programs)
+    unfused = dataclasses.replace(
+        GPU,
+        kernels=dataclasses.replace(
+            GPU.kernels,
+            fused_programs=tuple(dataclasses.replace(p, step_latency=None) for p in programs),
+        ),
+    )
+    saved = 10_000 * (GPU.rates.step_latency - step)
     assert predicted.seconds(GPU) == pytest.approx(predicted.seconds(unfused) - saved)
     assert predicted.seconds(unfused) == Cost.seconds(predicted, unfused)
     scaled = predicted.times(3)  # a block's cost, for three blocks: the fused steps too
     assert (scaled.steps, scaled.fused) == (30_006, 30_000)
     assert scaled.seconds(GPU) == pytest.approx(3 * predicted.seconds(GPU))
-    assert CPU.rates.fused_step_latency is None
+    assert predicted.seconds(CPU) == Cost.seconds(predicted, CPU)  # the CPU prices none

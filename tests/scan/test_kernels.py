@@ -3,6 +3,7 @@ traced: the switches in force change the structured and sparse kernels (their va
 against dense references), the default is the built-in ``Kernels()``, and a profile's parts
 refuse bad values by name."""
 
+import dataclasses
 import sys
 
 import jax
@@ -259,5 +260,10 @@ def test_profiles_are_hashable_and_keep_the_measured_numbers():
     assert cpu.rates == bppsa.Rates(flops=31.2e9, bandwidth=84.0e9, step_latency=41.2e-9)
     assert cpu.measured_rules and not gpu.measured_rules
     assert cpu.rules == gpu.rules == bppsa.Rules()
-    assert cpu.kernels == gpu.kernels == bppsa.Kernels()
+    # The GPU keeps the CPU's kernels, but for the kernel lab's estimates of a fused step.
+    assert cpu.kernels == bppsa.Kernels()
+    assert gpu.kernels == dataclasses.replace(cpu.kernels, fused_programs=_profile.SM90_PROGRAMS)
+    assert [dataclasses.replace(p, step_latency=None) for p in gpu.kernels.fused_programs] == list(
+        cpu.kernels.fused_programs
+    )
     assert len({cpu, gpu, bppsa.Profile(cpu.name, cpu.rates, measured_rules=True)}) == 2

@@ -88,6 +88,10 @@ def test_bad_profiles_are_refused():
         bppsa.Kernels(spmv_method="dense")
     with pytest.raises(ValueError, match="max_resident must be a positive integer"):
         bppsa.FusedProgram(num_warps=1, max_tile=16, max_resident=0)
+    for bad in (0.0, -1e-6, True, "1e-6"):
+        with pytest.raises(ValueError, match="FusedProgram: step_latency must be a positive num"):
+            bppsa.FusedProgram(num_warps=1, max_tile=16, max_resident=16, step_latency=bad)
+    assert bppsa.FusedProgram(1, 16, 16, step_latency=1).step_latency == 1
     with pytest.raises(ValueError, match="fused_programs must be a non-empty tuple"):
         bppsa.Kernels(fused_programs=())
     with pytest.raises(ValueError, match="by increasing num_warps"):

@@ -12,7 +12,10 @@ earlier runs: the same scan gets the same forward in every trace), and
 2. ``lax.scan`` on a profile with measured rules (CPUs: the Newton forward was measured 51-76x
    slower there, ``benchmarks/results/newton_cpu_timing.jsonl``);
 3. elsewhere the best sequential forward is the fused kernel (``bppsa.Fused()``, where the
-   profile has one and the kernel runs the cell: :meth:`~bppsa.Fused.why_not`), else
+   profile prices its step, :func:`~bppsa.scan._core.cost.fused_rated`: a measured
+   ``fused_step_latency``, else the kernel lab's static estimate of the program the scan's
+   plan launches, the footprint's ``fused_forward_step``; and the kernel runs the cell:
+   :meth:`~bppsa.Fused.why_not`), else
    ``lax.scan``; the cost model (:mod:`bppsa.scan._core.cost`, the profile's rates) bounds
    Newton's iterations (:func:`budget`): a run that does not converge within the bound
    finishes with ``lax.scan`` (certified: the step is not lost), and with the iterations it
@@ -114,7 +117,8 @@ class AutoForward:
         """The forward of a scan of footprint ``fp`` whose backward runs ``method``, with
         ``solver`` for Newton's recurrences (``None``: none fits the scan's memory limit), on
         ``profile``, and why (see the module docstring); ``fused``: why the fused kernel
-        cannot run the scan (``None``: it can; :meth:`bppsa.Fused.why_not`)."""
+        cannot run the scan (``None``: it can; :meth:`bppsa.Fused.why_not`); a step of it
+        costs :func:`bppsa.scan._core.cost.fused_step` of ``fp.fused_forward_step``."""
         if not method.keeps_carries:
             why = "the backward is plain back-propagation, which differentiates lax.scan"
             return SEQUENTIAL, why
@@ -124,7 +128,7 @@ class AutoForward:
         best_seconds, name = None, "lax.scan"
         fused_seconds = cost.fused_forward(fp, profile)
         if fused_seconds is None:
-            fused = "the profile has no fused kernel"
+            fused = "the profile prices no step of a fused kernel"
         elif fused is None and fused_seconds < cost.sequential_forward(fp).seconds(profile):
             best, best_seconds, name = Fused(), fused_seconds, "the fused kernel"
         if fused is not None:
@@ -159,7 +163,8 @@ class AutoForward:
         """The forward for ``length`` steps of a carry of ``size`` floats, ``batch`` examples
         (``element``, ``width``: the Jacobians' structure, as for :meth:`bppsa.Auto.choose`)
         with ``bppsa.Auto()``'s Jacobian backward, on ``backend``'s profile, for a cell the
-        fused kernel runs (where the profile has one)."""
+        fused kernel runs (where the profile prices its step: a measured rate, else the
+        slowest of the programs' static estimates, no plan saying which program)."""
         fp = cost.footprint_of(length, size, batch, element, width)
         profile = profile_of(backend)
         method = Auto().scan_method(fp, math.inf, profile=profile, jacobians=True)

@@ -16,14 +16,22 @@ This is the rule by which ``Auto()`` chooses on accelerators (see
 * ``Chunked(C)``: ``2 ceil(T / C) + 2 ceil(log2 C)`` steps, ``2 (T - T/C) B n^2 (n + 1)``
   flops;
 * ``SequentialScan()``: ``T`` matrix-vector steps, plus the Jacobians of all steps;
-* ``FusedSequential()``: back-propagation's ``T`` steps in one kernel, each at the profile's
-  ``fused_step_latency`` where it has one, plus two evaluations of all steps at once;
+* ``FusedSequential()``: back-propagation's ``T`` steps in one kernel, each at the fused step
+  latency (:func:`fused_step`) where the profile has one, plus two evaluations of all steps at
+  once;
 * ``Blocked(m, K)``: ``ceil(T / K)`` times ``m`` on ``K`` steps.
 
 The rates are those of the backend's :class:`bppsa.Profile` (:mod:`bppsa.scan._profile`); the
 accelerator one was fitted on one H200 (``benchmarks/results/gpu-h200/``). A step of BP counts
 as one kernel here, where a compiled cell's step runs several (the GRU's 21 on that GPU): at
 T = 10 and 30 the model prefers BP where ``Blelloch()`` measured faster.
+
+A step of a fused loop (``bppsa.Fused()``, ``bppsa.FusedSequential()``: all steps in one
+kernel) costs the profile's measured ``Rates.fused_step_latency`` where it has one; else the
+kernel lab's static estimate (not a measurement) of the program the loop's plan launches
+(:attr:`bppsa.FusedProgram.step_latency`, carried by the footprint:
+:func:`fused_step`). A profile with neither, or without a fused backend, prices no fused loop
+(:func:`fused_rated`), and ``Auto()`` and ``AutoForward()`` do not rank them there.
 """
 
 from __future__ import annotations
@@ -141,11 +149,39 @@ def sequential_forward(fp: Footprint) -> Cost:
     )
 
 
+def fused_rated(profile: Profile) -> bool:
+    """Whether ``profile`` prices a step of the fused loops: it has a fused backend, and a
+    measured ``Rates.fused_step_latency`` or the kernel lab's estimates on its programs
+    (:attr:`bppsa.FusedProgram.step_latency`)."""
+    kernels = profile.kernels
+    return kernels.fused_backend is not None and (
+        profile.rates.fused_step_latency is not None
+        or any(p.step_latency is not None for p in kernels.fused_programs)
+    )
+
+
+def fused_step(profile: Profile, estimate: float | None = None) -> float | None:
+    """Seconds of one step of a fused loop on ``profile``: its measured
+    ``Rates.fused_step_latency`` where set (a flat rate, which wins), else ``estimate`` (the
+    static estimate of the program the loop's plan launches, a footprint's
+    ``fused_backward_step`` or ``fused_forward_step``), else, without one (no plan: a
+    footprint of numbers), the slowest of the profile's programs' estimates; ``None`` where
+    the profile prices no fused loop (:func:`fused_rated`)."""
+    if not fused_rated(profile):
+        return None
+    if profile.rates.fused_step_latency is not None:
+        return profile.rates.fused_step_latency
+    if estimate is not None:
+        return estimate
+    estimates = [p.step_latency for p in profile.kernels.fused_programs]
+    return max(e for e in estimates if e is not None)
+
+
 def fused_forward(fp: Footprint, profile: Profile) -> float | None:
-    """Predicted seconds of ``bppsa.Fused()``'s forward: ``T`` steps of the profile's
-    ``fused_step_latency`` (one kernel, the carry on chip) over ``lax.scan``'s arithmetic
-    (``None`` where the profile has no fused kernel)."""
-    latency = profile.rates.fused_step_latency
+    """Predicted seconds of ``bppsa.Fused()``'s forward: ``T`` fused steps (:func:`fused_step`
+    of ``fp.fused_forward_step``: one kernel, the carry on chip) over ``lax.scan``'s
+    arithmetic (``None`` where the profile prices no fused loop)."""
+    latency = fused_step(profile, fp.fused_forward_step)
     if latency is None:
         return None
     work = sequential_forward(fp)

@@ -177,8 +177,12 @@ def decide(problem: Problem, options: Options) -> Decision:
         forward, forward_because = SEQUENTIAL, f"{_rules_of(opaque)}: back-propagation"
     elif isinstance(asked, AutoForward):
         solver = backward if backward is not None and backward.keeps_carries else None
-        kernel = None if profile.measured_rules else because(prepare(asked.kernel))
-        forward, forward_because = asked.forward_for(fp, method, solver, profile, kernel)
+        made = None if profile.measured_rules else prepare(asked.kernel)
+        # the static estimate of a step of the fused forward's loop, its plan's program's
+        step = None if made is None or isinstance(made, str) else made.step_latency
+        forward, forward_because = asked.forward_for(
+            dataclasses.replace(fp, fused_forward_step=step), method, solver, profile, because(made)
+        )
     else:
         forward = asked.resolved(problem, fp, chooser, profile)
         reason = prepare(forward)

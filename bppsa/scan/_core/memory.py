@@ -88,6 +88,11 @@ class Footprint:
         fused_backward: why ``FusedSequential()``'s kernel cannot run the scan's backward loop
             (:meth:`bppsa.FusedSequential.why_not`; ``None``: it can), by which the cost model
             ranks that method; :data:`NOT_CHECKED` unless a scan's decision asked.
+        fused_backward_step, fused_forward_step: the kernel lab's static estimate of a step
+            of ``FusedSequential()``'s and of ``bppsa.Fused()``'s loop, the
+            :attr:`~bppsa.FusedProgram.step_latency` of the program the scan's plan launches
+            (:func:`bppsa.scan._core.cost.fused_step`); ``None``: no plan was made (a
+            footprint of numbers), or its program has no estimate.
     """
 
     length: int
@@ -104,6 +109,8 @@ class Footprint:
     kept: int | None = None
     complex_leaves: tuple[str, ...] = ()
     fused_backward: str | None = NOT_CHECKED
+    fused_backward_step: float | None = None
+    fused_forward_step: float | None = None
 
     @property
     def product_width(self) -> int:

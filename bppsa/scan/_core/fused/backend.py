@@ -240,18 +240,12 @@ def _warps(count: int) -> str:
 
 
 def launch_of(
-    kernels: Kernels, footprint: Footprint, num_warps: int | str, lanes: int | str | None
+    kernels: Kernels, program: FusedProgram, num_warps: int | str, lanes: int | str | None
 ) -> Launch:
-    """The launch of a loop of ``footprint``: ``num_warps`` where given, else (``"auto"``)
-    those of the program :func:`program_of` picks; the stages and the step-ahead loads are the
-    profile's."""
-    if num_warps == AUTO:
-        program = program_of(footprint, kernels)
-        if isinstance(program, str):  # why_not refused it first
-            raise ValueError(program)
-        num_warps = program.num_warps
+    """The launch of a loop in ``program`` (:func:`program_of`'s): ``num_warps`` where given,
+    else (``"auto"``) the program's; the stages and the step-ahead loads are the profile's."""
     return Launch(
-        num_warps=int(num_warps),
+        num_warps=program.num_warps if num_warps == AUTO else int(num_warps),
         num_stages=kernels.fused_num_stages,
         lanes=lanes_of(kernels, lanes),
         prefetch=kernels.fused_prefetch,

@@ -101,6 +101,16 @@ class Plan:
         loop = self.with_offsets.loop
         return loop if isinstance(loop, str) else None
 
+    @property
+    def step_latency(self) -> float | None:
+        """The kernel lab's static estimate of a step of the reverse loop: the slower of the
+        two reverse loops' programs' (which one runs depends on the outputs' cotangents);
+        ``None``: neither loop runs in the kernel, or their programs have no estimate."""
+        loops = (self.with_offsets.loop, self.without_offsets.loop)
+        estimates = [lp.step_latency for lp in loops if not isinstance(lp, str)]
+        known = [e for e in estimates if e is not None]
+        return max(known) if known else None
+
 
 def plan(
     problem: Problem, kernels: Kernels, num_warps: int | str, lanes: int | str | None

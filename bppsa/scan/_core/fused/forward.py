@@ -58,6 +58,11 @@ class FusedPlan:
     def tiled(self):
         return self.loop.tiled
 
+    @property
+    def step_latency(self) -> float | None:
+        """The kernel lab's static estimate of a step of the loop (its program's)."""
+        return self.loop.step_latency
+
 
 @dataclasses.dataclass(frozen=True)
 class Fused(Forward):

@@ -1,11 +1,13 @@
 """One plan builder for both fused loops: a split recurrence, checked and built once.
 
 A :class:`Loop` is what one kernel launch runs: a split step's recurrence (or its tile of
-independent lanes), the backend and the launch. :func:`plan_loop` makes it from a split for the
-profile's backend: lanes first (:mod:`~bppsa.scan._core.fused.lanes`), then the backend's
-checks within the envelope (:meth:`~bppsa.scan._core.fused.backend.Backend.why_not`), then the
-interpreted kernel is built once, abstractly, so that what the run builds has been built: a
-plan that is not a reason runs. The forward (:mod:`~bppsa.scan._core.fused.forward`) and the
+independent lanes), the backend, the profile's program whose envelope holds it (and whose
+``step_latency`` the cost model prices its steps at) and the launch. :func:`plan_loop` makes
+it from a split for the profile's backend: lanes first (:mod:`~bppsa.scan._core.fused.lanes`),
+then the backend's checks within the envelope
+(:meth:`~bppsa.scan._core.fused.backend.Backend.why_not`), then the interpreted kernel is
+built once, abstractly, so that what the run builds has been built: a plan that is not a
+reason runs. The forward (:mod:`~bppsa.scan._core.fused.forward`) and the
 backward (:mod:`~bppsa.scan._core.fused.backward`) call it from their ``prepare``, which the
 scan's decision calls once; the plan then travels in the decision.
 """
@@ -25,12 +27,13 @@ from bppsa.scan._core.fused.backend import (
     Launch,
     lanes_of,
     launch_of,
+    program_of,
 )
 from bppsa.scan._core.fused.lanes import Tiled, split_lanes
 
 if TYPE_CHECKING:
     from bppsa.scan._core.fused.split import Split
-    from bppsa.scan._profile import Kernels, Profile
+    from bppsa.scan._profile import FusedProgram, Kernels, Profile
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -43,12 +46,21 @@ class Loop:
             tile), or ``None``: one program per example.
         backend: the kernel backend (compiled; its interpreter runs it on the CPU).
         launch: warps, stages and lanes.
+        program: the program of the profile's ``fused_programs`` whose envelope holds the
+            loop (:func:`~bppsa.scan._core.fused.backend.program_of`).
     """
 
     split: Split
     tiled: Tiled | None
     backend: Backend
     launch: Launch
+    program: FusedProgram
+
+    @property
+    def step_latency(self) -> float | None:
+        """The kernel lab's static estimate of one step of this loop, its program's
+        (:attr:`bppsa.FusedProgram.step_latency`; ``None``: none)."""
+        return self.program.step_latency
 
     def on(self, runner: Backend) -> Loop:
         """This loop run by ``runner`` (the backend itself, or its interpreter)."""
@@ -98,8 +110,9 @@ def plan_loop(
     reason = backend.why_not(target, kernels, num_warps)
     if reason is not None:
         return reason
-    launch = launch_of(kernels, backend.footprint(target), num_warps, lanes)
-    loop = Loop(split, tiled, backend, launch)
+    program = program_of(backend.footprint(target), kernels, num_warps)
+    assert not isinstance(program, str), program  # why_not found it
+    loop = Loop(split, tiled, backend, launch_of(kernels, program, num_warps, lanes), program)
     try:
         build(loop.interpreted)
     except CANNOT as err:

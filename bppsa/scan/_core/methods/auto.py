@@ -7,10 +7,12 @@ of :mod:`bppsa.scan._core.cost` predicts fastest on the profile's rates: acceler
 (``measured_rules``). All three share the memory guard's fallbacks and the chain rule
 (:class:`Choosing`).
 
-On a profile with a ``fused_step_latency`` the cost model also ranks ``FusedSequential()``
-(back-propagation's reverse loop in one kernel) for a scan whose step the kernel runs (the
-footprint's ``fused_backward``, which the scan's decision asks of
-:meth:`~bppsa.FusedSequential.why_not`, :func:`checked_footprint`): where the kernel cannot, its
+On a profile that prices a fused step (:func:`~bppsa.scan._core.cost.fused_rated`: a measured
+``fused_step_latency``, or the kernel lab's static estimates on its programs) the cost model
+also ranks ``FusedSequential()`` (back-propagation's reverse loop in one kernel) for a scan
+whose step the kernel runs (the footprint's ``fused_backward``, which the scan's decision asks
+of :meth:`~bppsa.FusedSequential.why_not`, :func:`checked_footprint`; its plan's program gives
+the estimate of a step, ``fused_backward_step``): where the kernel cannot, its
 loop runs in ``lax.scan`` at the step latency, back-propagation's cost with more work, so it is
 never ranked there. Nor where the Jacobians are scanned anyway (``jacobians``): it forms none.
 """
@@ -65,9 +67,13 @@ class Choosing(policy.Policy):
         width,
         jacobians,
         fused,
+        *,
+        fused_step: float | None = None,
     ) -> Method:
         """The method for a scan (no memory limit) by ``profile``; the arguments as for
-        :meth:`Auto.choose` (``fused``: its ``fused_backward``)."""
+        :meth:`Auto.choose` (``fused``: its ``fused_backward``; ``fused_step``: the static
+        estimate of a step of ``FusedSequential()``'s loop, its plan's program's, a
+        footprint's ``fused_backward_step``; ``None``: no plan)."""
 
     def choose(
         self,
@@ -107,8 +113,11 @@ class Choosing(policy.Policy):
                 ``FusedSequential()``.
             fused_backward: whether ``FusedSequential()``'s kernel runs the scan's step
                 (:meth:`bppsa.FusedSequential.why_not` is ``None``, which a scan's decision
-                asks); then, on a profile with a ``fused_step_latency``, the cost model ranks
-                it too. Numbers alone do not say: by default it is not ranked.
+                asks); then, on a profile that prices a fused step
+                (:func:`~bppsa.scan._core.cost.fused_rated`), the cost model ranks it too, a
+                step at the slowest of the programs' estimates (no plan says which program)
+                unless the profile has a measured ``fused_step_latency``. Numbers alone do
+                not say: by default it is not ranked.
 
         Returns:
             A method; ``Sequential()`` means plain back-propagation.
@@ -152,6 +161,7 @@ class Choosing(policy.Policy):
             fp.width or None,
             jacobians,
             fp.fused_backward is None,
+            fused_step=fp.fused_backward_step,
         )
         if limit is None or limit < math.inf:
             try:
@@ -212,9 +222,8 @@ class CostModel(Choosing):
     Attributes:
         profile: the measured constants it chooses by (``None``: the backend's).
         candidates: the methods it ranks (``None``: ``Sequential()``, ``Blelloch()``,
-            ``Chunked()``, and ``FusedSequential()`` on a profile with a
-            ``fused_step_latency``: :func:`ranked`); any method with a ``cost``, a user's own
-            too.
+            ``Chunked()``, and ``FusedSequential()`` on a profile that prices a fused step:
+            :func:`ranked`); any method with a ``cost``, a user's own too.
 
     Example:
         >>> from bppsa.scan._profile import GPU
@@ -229,9 +238,26 @@ class CostModel(Choosing):
         _check_profile("CostModel", self.profile)
         object.__setattr__(self, "candidates", _check_candidates("CostModel", self.candidates))
 
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
+    def pick(
+        self,
+        profile,
+        length,
+        size,
+        batch,
+        element,
+        inputs,
+        single,
+        width,
+        jacobians,
+        fused,
+        *,
+        fused_step=None,
+    ):
         candidates = ranked(self.candidates, profile, jacobians=jacobians, fused_backward=fused)
-        return _fastest(candidates, length, size, profile, batch, element, width)
+        fp = cost.footprint_of(length, size, batch, element, width)
+        return _fastest(
+            candidates, dataclasses.replace(fp, fused_backward_step=fused_step), profile
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +281,21 @@ class MeasuredRules(Choosing):
     def __post_init__(self):
         _check_profile("MeasuredRules", self.profile)
 
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
+    def pick(
+        self,
+        profile,
+        length,
+        size,
+        batch,
+        element,
+        inputs,
+        single,
+        width,
+        jacobians,
+        fused,
+        *,
+        fused_step=None,
+    ):
         element = _element(size, element)
         structured = keeps_structure(size, width)
         if not jacobians and not _parallel_pays(
@@ -286,9 +326,10 @@ class Auto(Choosing):
     (``Theta(log T)`` levels) and ``Chunked()`` (:meth:`predictions` gives the predicted times:
     the parallel scans for the paper's small cells, back-propagation where their ~``n``-fold
     extra arithmetic outweighs the ``T`` dependent steps, e.g. ``n = 1024``, ``B = 256``), and,
-    on a profile with a ``fused_step_latency`` (the H200's, assumed until measured), for a scan
-    whose step the fused kernel runs, ``FusedSequential()``: back-propagation's loop in one
-    kernel, where ``T`` is too short for a parallel scan to pay (:func:`ranked`). On
+    on a profile that prices a fused step (the H200's: the kernel lab's static estimates until
+    measured), for a scan whose step the fused kernel runs, ``FusedSequential()``:
+    back-propagation's loop in one kernel, where ``T`` is too short for a parallel scan to pay
+    (:func:`ranked`). On
     CPUs, with only a few cores, the parallel levels' extra ``~n``-fold matrix work
     does not pay for itself (measured with ``benchmarks/speed.py``); there it is
     ``Blocked(SequentialScan(), K)``: a sequential scan over the transposed Jacobians,
@@ -303,8 +344,8 @@ class Auto(Choosing):
             :func:`bppsa.get_profile`).
         candidates: the methods the cost model ranks on accelerators (``None``:
             ``Sequential()``, ``Blelloch()``, ``Chunked()``, and ``FusedSequential()`` on a
-            profile with a ``fused_step_latency``: :func:`ranked`); any method with a
-            ``cost``, a user's own too.
+            profile that prices a fused step: :func:`ranked`); any method with a ``cost``, a
+            user's own too.
 
     Example:
         >>> bppsa.Auto().choose(10_000, 20, "cpu", batch=16, element=20)
@@ -330,9 +371,33 @@ class Auto(Choosing):
             return MeasuredRules(profile)
         return CostModel(profile, self.candidates)
 
-    def pick(self, profile, length, size, batch, element, inputs, single, width, jacobians, fused):
+    def pick(
+        self,
+        profile,
+        length,
+        size,
+        batch,
+        element,
+        inputs,
+        single,
+        width,
+        jacobians,
+        fused,
+        *,
+        fused_step=None,
+    ):
         return self.rule(profile).pick(
-            profile, length, size, batch, element, inputs, single, width, jacobians, fused
+            profile,
+            length,
+            size,
+            batch,
+            element,
+            inputs,
+            single,
+            width,
+            jacobians,
+            fused,
+            fused_step=fused_step,
         )
 
     def predictions(
@@ -357,7 +422,9 @@ class Auto(Choosing):
         """
         profile = self.profile_or(profile_of(backend))
         candidates = ranked(self.candidates, profile, fused_backward=fused_backward)
-        return _predicted(candidates, length, size, profile, batch, element, width)
+        return _predicted(
+            candidates, cost.footprint_of(length, size, batch, element, width), profile
+        )
 
 
 ACCELERATOR_CHOICES = (Sequential(), Blelloch(), Chunked())
@@ -375,7 +442,8 @@ def ranked(
 
     Args:
         candidates: a policy's own (``None``: :data:`ACCELERATOR_CHOICES`, and
-            ``FusedSequential()`` where ``profile`` has a ``fused_step_latency``).
+            ``FusedSequential()`` where ``profile`` prices a fused step:
+            :func:`~bppsa.scan._core.cost.fused_rated`).
         profile: the rates the methods are ranked by.
         jacobians: the Jacobians are scanned anyway (a parallel forward's solves, the
             finiteness check): neither plain back-propagation nor ``FusedSequential()``, which
@@ -384,7 +452,7 @@ def ranked(
             does not, its loop runs in ``lax.scan`` and its cost is not its kernel's.
     """
     if candidates is None:
-        fused = profile.rates.fused_step_latency is not None
+        fused = cost.fused_rated(profile)
         candidates = ACCELERATOR_CHOICES + ((FUSED_SEQUENTIAL,) if fused else ())
     return tuple(
         m
@@ -396,27 +464,28 @@ def ranked(
 def checked_footprint(
     problem: Problem, profile: Profile, prepare: Callable[[Method], Any] | None = None
 ) -> Footprint:
-    """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel (from its
-    plan, ``prepare(FusedSequential())``; default: its ``prepare`` on ``profile``) where
-    ``profile`` has a ``fused_step_latency``; elsewhere the cost model never ranks the kernel,
-    and the step is not traced for it."""
+    """``problem``'s footprint, with ``FusedSequential()``'s verdict on its kernel and the
+    static estimate of a step of its loop (from its plan, ``prepare(FusedSequential())``;
+    default: its ``prepare`` on ``profile``) where ``profile`` prices a fused step
+    (:func:`~bppsa.scan._core.cost.fused_rated`); elsewhere the cost model never ranks the
+    kernel, and the step is not traced for it."""
     fp = problem.footprint
-    if profile.rates.fused_step_latency is None:
+    if not cost.fused_rated(profile):
         return fp
     made = (
         FUSED_SEQUENTIAL.prepare(problem, profile) if prepare is None else prepare(FUSED_SEQUENTIAL)
     )
-    return dataclasses.replace(fp, fused_backward=because(made))
+    step = None if isinstance(made, str) else made.step_latency
+    return dataclasses.replace(fp, fused_backward=because(made), fused_backward_step=step)
 
 
-def _predicted(candidates, length, size, profile, batch, element, width) -> dict[Method, float]:
-    """Predicted seconds of each candidate on ``profile``."""
-    fp = cost.footprint_of(length, size, batch, element, width)
+def _predicted(candidates, fp: Footprint, profile: Profile) -> dict[Method, float]:
+    """Predicted seconds of each candidate for a scan of footprint ``fp`` on ``profile``."""
     return {m: m.cost(fp).seconds(profile) for m in candidates}
 
 
-def _fastest(candidates, length, size, profile, batch, element, width) -> Method:
-    times = _predicted(candidates, length, size, profile, batch, element, width)
+def _fastest(candidates, fp: Footprint, profile: Profile) -> Method:
+    times = _predicted(candidates, fp, profile)
     return min(times, key=lambda m: times[m])
 
 

@@ -28,23 +28,31 @@ SEQUENTIAL_SCAN = SequentialScan()
 
 @dataclasses.dataclass(frozen=True)
 class FusedCost(Cost):
-    """A :class:`Cost` of which ``fused`` dependent steps run inside one kernel: at the
-    profile's ``fused_step_latency`` where it has one, else as the other ``steps`` (which
-    count them too, so that a sum of costs, which keeps only the fields of :class:`Cost`, errs
-    on the slow side)."""
+    """A :class:`Cost` of which ``fused`` dependent steps run inside one kernel, each at the
+    fused step latency where the profile prices one (:func:`~bppsa.scan._core.cost.fused_step`:
+    its measured ``fused_step_latency``, else ``fused_step``, the kernel lab's static estimate
+    of the loop's program), else as the other ``steps`` (which count them too, so that a sum
+    of costs, which keeps only the fields of :class:`Cost`, errs on the slow side)."""
 
     fused: float = 0.0
+    fused_step: float | None = None
 
     def seconds(self, profile: Profile) -> float:
-        rates = profile.rates
         seconds = super().seconds(profile)
-        if rates.fused_step_latency is None:
+        latency = cost.fused_step(profile, self.fused_step)
+        if latency is None:
             return seconds
-        return seconds + self.fused * (rates.fused_step_latency - rates.step_latency)
+        return seconds + self.fused * (latency - profile.rates.step_latency)
 
     def times(self, blocks: float) -> FusedCost:
         scaled = super().times(blocks)
-        return FusedCost(scaled.steps, scaled.flops, scaled.bytes, fused=self.fused * blocks)
+        return FusedCost(
+            scaled.steps,
+            scaled.flops,
+            scaled.bytes,
+            fused=self.fused * blocks,
+            fused_step=self.fused_step,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +188,13 @@ class FusedSequential(Method):
             bytes=3 * fp.itemsize * fp.length * fp.batch * 4 * fp.state,
         )
         total = cost.plus(loop, steps)
-        return FusedCost(total.steps, total.flops, total.bytes, fused=fp.length)
+        return FusedCost(
+            total.steps,
+            total.flops,
+            total.bytes,
+            fused=fp.length,
+            fused_step=fp.fused_backward_step,
+        )
 
     def __repr__(self) -> str:
         return f"FusedSequential({', '.join(launch_fields(self.num_warps, self.lanes))})"
