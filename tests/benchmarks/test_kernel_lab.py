@@ -193,6 +193,16 @@ def test_the_profile_s_programs_are_the_lab_s(results):
     assert built_in("cuda").kernels.fused_programs == SM90_PROGRAMS
 
 
+def test_the_profile_s_step_estimates_are_the_lab_s(results):
+    """Each program's ``step_latency`` is the slowest estimate of the lab's kernels it launches
+    (3 significant digits)."""
+    listed = envelope.programs(results, 90)
+    estimates = envelope.step_estimates(results, listed, 90)
+    assert {p.num_warps: p.step_latency for p in SM90_PROGRAMS} == pytest.approx(
+        estimates, rel=5e-3
+    )
+
+
 def test_no_kernel_the_profile_admits_spills(results):
     assert report.admitted_spills(results) == []
 
