@@ -4,7 +4,7 @@ A row is one captured kernel (:class:`~benchmarks.kernel_lab.capture.Spec`) comp
 target (``arch``: 90 for sm_90a, 80 for sm_80) at one ``num_warps``: its footprint and what the
 library's profile does with it (``library_warps``: the warps it launches it with, ``None``:
 refused, ``library_why_not`` then says why), the compiler's resources, the time loop's
-instruction mix and the model's estimate (``step_us``). Kernels whose TTIR is the same (a
+instruction mix (``mix``) and the model's estimate (``step_us``). Kernels whose TTIR is the same (a
 batched and an unbatched loop usually are) are compiled once. Rows are appended to a partial
 file as they come, so an interrupted run resumes where it stopped; the finished file is
 written whole, atomically.
@@ -77,7 +77,7 @@ def row_of(
         "spill_loads": used.spill_loads,
         "stack": used.stack,
         "shared": used.shared,
-        "loop": sass.mix(loop),
+        "mix": sass.mix(loop),
         "cycles": cycles,
         "step_us": round(cycles / model.CLOCK_HZ[compiled.arch] * 1e6, 4),
         "ttir_sha": ttir_sha,

@@ -124,7 +124,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                     "resident",
                 )
             }
-            | {"instructions": k.get("loop", {}).get("total")}
+            | {"instructions": k.get("mix", {}).get("total")}
             for k in kernels
         ],
     }
