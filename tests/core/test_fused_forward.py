@@ -539,26 +539,42 @@ def _literals(eqn) -> list:
     return [v.val for v in eqn.invars if isinstance(v, jax.extend.core.Literal)]
 
 
-def test_contracted_constants_are_permuted_once_outside_the_loop():
+@pytest.mark.parametrize(
+    ("hidden", "num_warps", "permuted"), [(20, 2, 1), (20, 1, 0), (64, 2, 0), (64, 1, 0)]
+)
+def test_contracted_constants_are_permuted_once_outside_the_loop(hidden, num_warps, permuted):
     """The RNN's ``W_hh^T`` (hoisted as ``h @ W_hh^T``'s constant) is contracted along its
-    first axis: at H = 20 (32 padded entries) the kernel reads it permuted, its contracting
-    axis last, passed so from outside the kernel; at H = 64 its contracting axis stays first (no
-    permuted copy). Either way the carries equal those of the rule's own permutation, bit for
-    bit."""
-    for hidden, permuted in ((20, 1), (64, 0)):
-        loop, run, _ = interpreted_loop("rnn", hidden)
-        split = loop.split
-        pairs = loop.backend.permuted_constants(split.recurrence, split.constant_residuals)
-        assert len(pairs) == permuted
-        if permuted:
-            ((var, order),) = pairs
-            assert order == (1, 0) and var in split.constant_residuals
-        ours = run(loop.launch)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(type(loop.backend), "permuted_constants", lambda self, e, c: [])
-            theirs = run(loop.launch)
-        for a, b in zip(ours, theirs, strict=True):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    first axis: at H = 20 (32 padded entries) in a program of several warps the kernel reads it
+    permuted, its contracting axis last, passed so from outside the kernel; in one warp, or at
+    H = 64, its contracting axis stays first (no permuted copy). Either way the carries equal
+    those of the rule's own permutation, bit for bit."""
+    loop, run, _ = interpreted_loop("rnn", hidden)
+    split = loop.split
+    launch = dataclasses.replace(loop.launch, num_warps=num_warps)
+    pairs = loop.backend.permuted_constants(
+        split.recurrence, split.constant_residuals, num_warps=num_warps
+    )
+    assert len(pairs) == permuted
+    if permuted:
+        ((var, order),) = pairs
+        assert order == (1, 0) and var in split.constant_residuals
+    ours = run(launch)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(loop.backend), "permuted_constants", lambda self, e, c, num_warps: [])
+        theirs = run(launch)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_one_warp_and_several_give_equal_carries():
+    """The contraction's order follows the program's warps (columns in one warp, rows of a
+    short contraction in several): the carries are equal to rounding either way."""
+    for cell in ("rnn", "gru", "lstm"):
+        loop, run, _ = interpreted_loop(cell, 20)
+        one = run(dataclasses.replace(loop.launch, num_warps=1))
+        two = run(dataclasses.replace(loop.launch, num_warps=2))
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 # ---- the CUDA lowering -----------------------------------------------------------------------

@@ -102,14 +102,19 @@ class Backend(abc.ABC):
         """Entries of the largest array the kernel forms for ``eqn``."""
 
     @abc.abstractmethod
-    def run_equations(self, eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> dict:
-        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values);
-        ``permuted`` maps :meth:`permuted_constants`' pairs to their values."""
+    def run_equations(
+        self, eqns: Sequence[Any], env: dict, permuted: dict | None = None, *, num_warps: int
+    ) -> dict:
+        """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values), in a
+        program of ``num_warps`` warps (the launch's: a backend may arrange its arrays by
+        them); ``permuted`` maps :meth:`permuted_constants`' pairs to their values."""
 
-    def permuted_constants(self, eqns: Sequence[Any], constants: Sequence[Any]) -> list[tuple]:
+    def permuted_constants(
+        self, eqns: Sequence[Any], constants: Sequence[Any], *, num_warps: int
+    ) -> list[tuple]:
         """The ``(variable, axis order)`` pairs of the ``constants`` that ``eqns`` read
-        permuted: the kernel passes each one permuted (and padded) once, rather than permuting
-        it at every step (none by default)."""
+        permuted in a program of ``num_warps`` warps: the kernel passes each one permuted (and
+        padded) once, rather than permuting it at every step (none by default)."""
         return []
 
     @abc.abstractmethod
@@ -173,11 +178,11 @@ class Interpreted(Backend):
     def largest_tile(self, eqn):
         return self.compiled.largest_tile(eqn)
 
-    def run_equations(self, eqns, env, permuted=None):
-        return self.compiled.run_equations(eqns, env, permuted)
+    def run_equations(self, eqns, env, permuted=None, *, num_warps):
+        return self.compiled.run_equations(eqns, env, permuted, num_warps=num_warps)
 
-    def permuted_constants(self, eqns, constants):
-        return self.compiled.permuted_constants(eqns, constants)
+    def permuted_constants(self, eqns, constants, *, num_warps):
+        return self.compiled.permuted_constants(eqns, constants, num_warps=num_warps)
 
     def masked(self, x, shape, fill):
         return self.compiled.masked(x, shape, fill)

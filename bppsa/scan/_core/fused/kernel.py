@@ -68,7 +68,10 @@ def carries_after(
     source = split if tiled is None else tiled
     carry_in, carry_out = source.carry_in, source.carry_out
     shapes = [tuple(v.aval.shape) for v in carry_in]
-    permuted = backend.permuted_constants(source.recurrence, source.constant_residuals)
+    warps = launch.num_warps
+    permuted = backend.permuted_constants(
+        source.recurrence, source.constant_residuals, num_warps=warps
+    )
     position = {v: i for i, v in enumerate(source.constant_residuals)}
     axes = list(tiled.axes) if tiled is not None else [None] * (len(init) + len(constants))
     if tiled is None:
@@ -131,7 +134,7 @@ def carries_after(
             env = dict(zip(carry_in, carry))
             env.update(zip(source.constant_residuals, const_values))
             env.update(zip(source.step_residuals, step_values))
-            backend.run_equations(source.recurrence, env, permuted_values)
+            backend.run_equations(source.recurrence, env, permuted_values, num_warps=warps)
             new = []
             for v, shape, old, ref in zip(carry_out, shapes, carry, out_refs):
                 if isinstance(v, Literal):

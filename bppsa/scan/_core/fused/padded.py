@@ -158,8 +158,9 @@ def _reduce(eqn, args):
     return bind(eqn, x)
 
 
-def _dot_general(eqn, args, ready=(None, None)):
-    """``dot_general`` as a broadcast product summed over the (masked) contracting axes.
+def _dot_general(eqn, args, ready=(None, None), num_warps: int = 1):
+    """``dot_general`` as a broadcast product summed over the (masked) contracting axes, in a
+    program of ``num_warps`` warps.
 
     ``ready`` holds, for each operand, its value already in the order the product reads it
     (:func:`dot_orders`; a constant permuted and padded before the loop, zero in its padded
@@ -169,12 +170,12 @@ def _dot_general(eqn, args, ready=(None, None)):
     lshape, rshape = _shape(eqn.invars[0]), _shape(eqn.invars[1])
     out_dtype = eqn.outvars[0].aval.dtype
     acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
-    lorder, rorder = dot_orders(eqn)
+    lorder, rorder = dot_orders(eqn, num_warps)
     lhs = _operand(lhs, lshape, lc, lorder, acc, ready[0])
     rhs = _operand(rhs, rshape, rc, rorder, acc, ready[1])
     nb, nl, nr = len(lb), len(lorder) - len(lb) - len(lc), len(rorder) - len(rb) - len(rc)
     nc = len(lc)
-    if _contracting_first(eqn):
+    if _contracting_first(eqn, num_warps):
         # (B, C, LF, 1..) * (B, C, 1.., RF) -> (B, C, LF, RF), summed over C
         lhs = lax.expand_dims(lhs, tuple(range(nb + nc + nl, nb + nc + nl + nr)))
         rhs = lax.expand_dims(rhs, tuple(range(nb + nc, nb + nc + nl)))
@@ -189,28 +190,33 @@ def _dot_general(eqn, args, ready=(None, None)):
     return [out.astype(out_dtype)]
 
 
-# The most padded entries a contraction sums with its contracting axes last (see dot_orders).
+# The most padded entries a contraction sums with its contracting axes last, in programs of
+# more than one warp (see dot_orders).
 ROW_CONTRACTION = 32
 
 
-def _contracting_first(eqn) -> bool:
+def _contracting_first(eqn, num_warps: int) -> bool:
     (lc, _), _ = eqn.params["dimension_numbers"]
     lshape = padded_shape(_shape(eqn.invars[0]))
-    return math.prod(lshape[d] for d in lc) > ROW_CONTRACTION
+    return num_warps == 1 or math.prod(lshape[d] for d in lc) > ROW_CONTRACTION
 
 
-def dot_orders(eqn) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The axis order in which ``dot_general``'s rule reads each operand: batch axes first,
-    then the contracting axes last where they hold at most :data:`ROW_CONTRACTION` padded
-    entries, else first.
+def dot_orders(eqn, num_warps: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The axis order in which ``dot_general``'s rule reads each operand in a program of
+    ``num_warps`` warps: batch axes first, then the contracting axes first, or last in a
+    program of several warps where they hold at most :data:`ROW_CONTRACTION` padded entries.
 
-    Triton lays a row-major array out with its last axis across the threads of a warp. A short
-    contraction last is summed within the warp (no shared memory) and leaves each thread a few
-    of the outputs; a longer one would leave each thread many outputs, each held by the 16 or
-    more threads that summed it, and the elementwise work after the contraction (a gate's
-    sigmoid) repeated on all of them: it is summed down the columns instead."""
+    Triton lays a row-major array out with its last axis across the threads of a warp (four
+    entries a thread, eight threads along a row of 32) and its first axis across the rest of
+    the threads and the warps. Summed down the columns (contracting axes first), a contraction
+    of one warp stays within the warp and leaves each thread a quarter of a row's outputs
+    (fewer outputs a thread than a row sum leaves, and fewer shuffles); in several warps the
+    columns run across warps, summed through shared memory. There a short contraction is
+    summed along the rows, within the warp; a longer one would leave each thread many outputs,
+    each held by the 16 or more threads that summed it, and the elementwise work after the
+    contraction (a gate's sigmoid) repeated on all of them: it is summed down the columns."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    first = _contracting_first(eqn)
+    first = _contracting_first(eqn, num_warps)
     orders = []
     for v, contracting, batch in ((eqn.invars[0], lc, lb), (eqn.invars[1], rc, rb)):
         free = [d for d in range(len(_shape(v))) if d not in contracting and d not in batch]
@@ -384,16 +390,18 @@ def largest_tile(eqn) -> int:
     return max(sizes)
 
 
-def permuted_constants(eqns: Sequence[Any], constants: Sequence[Any]) -> list[tuple]:
+def permuted_constants(
+    eqns: Sequence[Any], constants: Sequence[Any], num_warps: int = 1
+) -> list[tuple]:
     """The ``(variable, order)`` pairs of the ``constants`` that a contraction of ``eqns``
-    reads permuted (:func:`dot_orders`): the kernel permutes them once, before its loop, rather
-    than at every step."""
+    reads permuted (:func:`dot_orders`) in a program of ``num_warps`` warps: the kernel
+    permutes them once, before its loop, rather than at every step."""
     wanted = set(constants)
     pairs: list[tuple] = []
     for eqn in eqns:
         if eqn.primitive.name != "dot_general":
             continue
-        for v, order in zip(eqn.invars, dot_orders(eqn)):
+        for v, order in zip(eqn.invars, dot_orders(eqn, num_warps)):
             if isinstance(v, Literal) or v not in wanted or order == tuple(range(len(order))):
                 continue
             if (v, order) not in pairs:
@@ -401,10 +409,12 @@ def permuted_constants(eqns: Sequence[Any], constants: Sequence[Any]) -> list[tu
     return pairs
 
 
-def run_padded(eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> dict:
-    """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values);
-    ``permuted`` maps :func:`permuted_constants`' pairs to their values, permuted and padded
-    (zero in the padded lanes)."""
+def run_padded(
+    eqns: Sequence[Any], env: dict, permuted: dict | None = None, num_warps: int = 1
+) -> dict:
+    """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values), for a
+    program of ``num_warps`` warps; ``permuted`` maps :func:`permuted_constants`' pairs (of the
+    same warps) to their values, permuted and padded (zero in the padded lanes)."""
     permuted = permuted or {}
 
     def read(v):
@@ -412,12 +422,12 @@ def run_padded(eqns: Sequence[Any], env: dict, permuted: dict | None = None) -> 
 
     for eqn in eqns:
         args = [read(v) for v in eqn.invars]
-        if eqn.primitive.name == "dot_general" and permuted:
+        if eqn.primitive.name == "dot_general":
             ready = tuple(
                 None if isinstance(v, Literal) else permuted.get((v, order))
-                for v, order in zip(eqn.invars, dot_orders(eqn))
+                for v, order in zip(eqn.invars, dot_orders(eqn, num_warps))
             )
-            outs = _dot_general(eqn, args, ready)
+            outs = _dot_general(eqn, args, ready, num_warps)
         else:
             outs = RULES[eqn.primitive.name](eqn, args)
         env.update(zip(eqn.outvars, outs))

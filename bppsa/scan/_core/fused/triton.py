@@ -61,11 +61,11 @@ class Triton(Backend):
     def largest_tile(self, eqn):
         return padded.largest_tile(eqn)
 
-    def run_equations(self, eqns, env, permuted=None):
-        return padded.run_padded(eqns, env, permuted)
+    def run_equations(self, eqns, env, permuted=None, *, num_warps):
+        return padded.run_padded(eqns, env, permuted, num_warps)
 
-    def permuted_constants(self, eqns, constants):
-        return padded.permuted_constants(eqns, constants)
+    def permuted_constants(self, eqns, constants, *, num_warps):
+        return padded.permuted_constants(eqns, constants, num_warps)
 
     def masked(self, x, shape, fill):
         return padded.masked(x, shape, range(len(shape)), fill)
