@@ -86,8 +86,13 @@ def kernel_name(cell: str, hidden: int, loop: str) -> str:
 
 
 @functools.cache
-def _lab_rows(path: pathlib.Path) -> tuple[dict[str, Any], ...]:
+def _read(path: pathlib.Path, modified: int | None) -> tuple[dict[str, Any], ...]:
     return tuple(read_rows(str(path)))
+
+
+def _lab_rows(path: pathlib.Path) -> tuple[dict[str, Any], ...]:
+    """The lab's rows in ``path`` (none where it is missing), read once while it is unchanged."""
+    return _read(path, path.stat().st_mtime_ns if path.exists() else None)
 
 
 def estimate(
