@@ -73,7 +73,7 @@ import numpy as np
 
 from benchmarks import _speed_model
 from benchmarks._speed_cli import SWEEPS
-from benchmarks.tools import hlo_cost
+from benchmarks.tools import fit_kernel_lab, hlo_cost
 from bppsa.scan._core import cost
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.memory import Footprint
@@ -537,13 +537,23 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             raise SystemExit(1)
 
 
+def _main_kernel_lab(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    lab_rows = read_rows(args.lab) if args.lab.exists() else []
+    try:
+        fitted = fit_kernel_lab.report(args, fit_kernel_lab.load(args.kernel_lab), lab_rows)
+    except ValueError as error:
+        parser.error(f"--kernel-lab: {error}")
+    if args.out:
+        write_json(args.out, fitted | {"sources": [str(p) for p in args.kernel_lab]})
+
+
 def _flops(value: str) -> str | float:
     return value if value == "gemm" else float(value)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", type=pathlib.Path, help="results files")
+    parser.add_argument("results", nargs="*", type=pathlib.Path, help="results files")
     parser.add_argument("--device", action="store_true", help="an accelerator's fit (see above)")
     parser.add_argument(
         "--choices", action="store_true", help="--device: rank each row's fastest first"
@@ -559,7 +569,28 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--fused", type=pathlib.Path, help="--device: the fused forward rows (its step latency)"
     )
+    parser.add_argument(
+        "--kernel-lab",
+        nargs="+",
+        type=pathlib.Path,
+        help="fit the kernel lab's model to these device rows (benchmarks.fused --parts lab)",
+    )
+    parser.add_argument(
+        "--lab", type=pathlib.Path, default=fit_kernel_lab.LAB_ROWS, help="--kernel-lab: lab rows"
+    )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="--kernel-lab: fit the model's constants (compiles the kernels: the triton wheel)",
+    )
     args = parser.parse_args(argv)
+    if args.kernel_lab:
+        if args.results:
+            parser.error("--kernel-lab fits the kernel lab's model alone: no results files")
+        _main_kernel_lab(parser, args)
+        return
+    if not args.results:
+        parser.error("the following arguments are required: results")
     if args.device:
         _main_device(parser, args)
         return
