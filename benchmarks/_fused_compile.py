@@ -1,17 +1,20 @@
-"""The compile grid of :mod:`benchmarks.fused` (part ``compile``): which cells and hidden sizes
-the fused kernel compiles for on this device, the data that the envelope (``fused_max_tile`` and
-``fused_max_resident`` of the profile's ``bppsa.Kernels``) is set from
-(``python -m benchmarks.tools.fit_profile --compile``).
+"""The compile grid of :mod:`benchmarks.fused` (part ``compile``): a device's check that the
+fused kernels the profile admits compile and run right, and how far beyond its envelope
+(``fused_programs`` of the profile's ``bppsa.Kernels``, which the kernel lab sets: the largest
+loops that compile without spilling) the device still compiles them
+(``python -m benchmarks.tools.fit_profile --compile`` reads the rows).
 
 Each point is the fused forward alone (``jax.vmap`` of ``bppsa.scan(..., forward="fused")``)
-traced with the envelope lifted (:func:`benchmarks._fused_envelope.lifted`), then
+traced with the envelope lifted (:func:`benchmarks._fused_envelope.lifted`: a point the profile
+admits keeps its warps, one beyond runs in the largest program), then
 ``jax.jit(...).lower(...).compile()`` on the device, then one run checked against ``lax.scan``.
-A row records the envelope's counts (``tile``, ``resident``), whether the library's envelope
-admits the point today (``library_why_not``), the outcome (``status``: ``"compiled"``,
-``"failed"``, ``"ran wrong"``, ``"not fused"``, ``"crashed"``, ``"skipped"``) and the compile
-seconds. The points run by hidden size, every cell at each size: a cell whose compile failed,
-crashed or took longer than ``slow_s`` tries no larger size (those rows say ``"skipped"``).
-:func:`summary` reads the largest size each cell compiled at.
+A row records the envelope's counts (``tile``, ``resident``), the warps the profile launches it
+with (``num_warps``), whether the profile admits the point (``library_why_not``, ``None``: it
+does), the outcome (``status``: ``"compiled"``, ``"failed"``, ``"ran wrong"``, ``"not fused"``,
+``"crashed"``, ``"skipped"``) and the compile seconds. The points run by hidden size, every cell
+at each size: a cell whose compile failed, crashed or took longer than ``slow_s`` tries no
+larger size (those rows say ``"skipped"``). :func:`summary` reads the largest size each cell
+compiled at and every admitted point that did not compile and run right.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ def compile_row(case: Case) -> dict[str, Any]:
     row |= envelope.sizes(body, kind.initial_state(case.hidden), xs[0]) or {
         "tile": None,
         "resident": None,
+        "num_warps": None,
     }
     row["library_envelope"] = envelope.limits()
     with bppsa.trace_plans() as plans:
@@ -120,8 +124,9 @@ def compile_row(case: Case) -> dict[str, Any]:
 def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per cell the largest hidden size whose kernel compiled and ran right, and the smallest
     that did not, with their envelope counts; over all cells the largest counts that compiled
-    and the smallest that failed: ``fused_max_tile`` and ``fused_max_resident`` belong between
-    them (:func:`benchmarks.tools.fit_profile.envelope` reads them from this row)."""
+    and the smallest that failed, and the check: ``admitted_failed``, the points the profile
+    admits (``library_why_not`` ``None``) that failed, crashed or ran wrong (none where its
+    envelope is right), out of ``admitted`` points run."""
     points = [
         r for r in rows if r.get("part") == "compile" and r.get("status", "skipped") != "skipped"
     ]
@@ -146,12 +151,16 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         bounds[f"smallest_{count}_failed"] = min(
             (r[count] for r in bad if r.get(count) is not None), default=None
         )
+    admitted = [r for r in points if "library_why_not" in r and r["library_why_not"] is None]
+    failed = [_point(r) | {"cell": r["cell"]} for r in admitted if r["status"] in STOPS]
     return {"part": "compile-summary", **machine(), "cells": cells, **bounds,
+            "admitted": len(admitted), "admitted_failed": failed,
             "library_envelope": envelope.limits()}  # fmt: skip
 
 
 def _point(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row.get(k) for k in ("hidden", "tile", "resident", "compile_s", "status")}
+    keys = ("hidden", "tile", "resident", "num_warps", "compile_s", "status")
+    return {k: row.get(k) for k in keys}
 
 
 def report(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
@@ -171,3 +180,5 @@ def report(rows: Sequence[dict[str, Any]]) -> Iterator[str]:
         f"{s['largest_tile_compiled']}, resident {s['largest_resident_compiled']}; failed from "
         f"tile {s['smallest_tile_failed']}, resident {s['smallest_resident_failed']}"
     )
+    failed = ", ".join(f"{p['cell']} H = {p['hidden']} {p['status']}" for p in s["admitted_failed"])
+    yield f"admitted by the profile: {s['admitted']} point(s) run; failed: {failed or 'none'}"

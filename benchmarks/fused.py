@@ -1,4 +1,4 @@
-"""The fused forward (``bppsa.Fused()``, issue 43) on one device, in four parts (``--parts``), each
+"""The fused forward (``bppsa.Fused()``, issue 43) on one device, in five parts (``--parts``), each
 a step of ``benchmarks/gpu.sh``:
 
 * ``forward``: the forward alone (the final states of ``B`` sequences, ``jax.vmap`` over a
@@ -9,6 +9,10 @@ a step of ``benchmarks/gpu.sh``:
   against ``Fused(lanes=None)``, one program per example: ``lanes_speedup``). Where the
   kernel cannot run a case the row says why (``fused_why_not``) and does not time
   ``forward="fused"``;
+* ``lab``: each library cell's fused forward and fused backward (``bppsa.FusedSequential()``)
+  loop at H = 20, 64, 128 over the kernel lab's problem (T = 1000, B = 16), at the warps the
+  profile picks and at 4, with the step-ahead loads on and off: the measured step beside the
+  kernel lab's estimate of the same kernel (:mod:`benchmarks._fused_lab`);
 * ``grad``: whole gradients (``value_and_grad`` of a head on the final states): BP
   (``jax.value_and_grad`` through ``lax.scan``), bppsa's defaults (``bppsa.value_and_grad``)
   and ``forward="fused"`` with ``method=bppsa.Blelloch()``; RNN and GRU, H = 20, B = 16,
@@ -19,8 +23,9 @@ a step of ``benchmarks/gpu.sh``:
 * ``compile``: the envelope's compile grid (:mod:`benchmarks._fused_compile`): RNN, GRU, LSTM
   and diagonal GRU at H = 16 to 4096 (powers of two, 20 and 100), whether the fused forward
   compiles and runs on the device, in how long; its last row (``"part": "compile-summary"``)
-  gives the largest size each cell compiled at, the data for the profile's envelope
-  (``fused_max_tile``, ``fused_max_resident``: ``benchmarks.tools.fit_profile --compile``).
+  gives the largest size each cell compiled at and the points the profile admits that did not
+  compile and run right (the check of the kernel lab's envelope, ``fused_programs``:
+  ``benchmarks.tools.fit_profile --compile``).
 
 The language model's training step (issue 43's item 4d) is ``experiments/char_lm.py --gpu``,
 whose defaults pick the fused forward on a GPU; its summary records each run's plan.
@@ -48,10 +53,12 @@ from typing import Any
 import jax
 
 from benchmarks import _fused_compile as grid
+from benchmarks import _fused_lab as lab
 from benchmarks._fused_rows import Case, cudnn_row, forward_row, grad_row, machine
 from paper_figures.result_files import JsonLines
 
-PARTS = ("forward", "grad", "cudnn", "compile")
+PARTS = ("forward", "lab", "grad", "cudnn", "compile")
+FIELDS = ("cell", "hidden", "length", "batch", "inputs")
 STARTED = "started"
 
 
@@ -64,6 +71,8 @@ def plan(part: str, dry_run: bool = False) -> list[Case]:
         paper = [Case(c, 20, t, 16, 1) for t in (10_000, 30_000, 1_000) for c in small]
         wide = [Case("diagonal-gru", h, 4096, 8, 256) for h in (1024, 4096)]
         return paper[:3] + wide + paper[3:]
+    if part == "lab":
+        return list(lab.plan(dry_run))
     if part == "grad":
         lengths = (16,) if dry_run else (10_000, 30_000)
         return [Case(c, 20, t, 2 if dry_run else 16, 1) for t in lengths for c in ("rnn", "gru")]
@@ -79,7 +88,14 @@ def plan(part: str, dry_run: bool = False) -> list[Case]:
 
 
 def key(row: dict[str, Any]) -> tuple:
-    return tuple(row.get(k) for k in ("part", "cell", "hidden", "length", "batch", "inputs"))
+    return tuple(row.get(k) for k in ("part", *FIELDS, "loop"))
+
+
+def case_of(part: str, row: dict[str, Any]) -> Case:
+    """The case a row of ``part`` is of."""
+    if part == "lab":
+        return lab.LoopCase(*(row[k] for k in (*FIELDS, "loop")))
+    return Case(*(row[k] for k in FIELDS))
 
 
 def run_part(
@@ -92,10 +108,9 @@ def run_part(
     done = {key(r) for r in rows if r.get("event") is None}
     for row in rows:
         if row.get("event") == STARTED and row["part"] == part and key(row) not in done:
-            case = Case(*(row[k] for k in ("cell", "hidden", "length", "batch", "inputs")))
-            log.append(grid.crashed_row(case) | {"part": part})
+            log.append(grid.crashed_row(case_of(part, row)) | {"part": part})
             done.add(key(row))
-    cases = [c for c in plan(part, dry_run) if (part, *c.fields().values()) not in done]
+    cases = [c for c in plan(part, dry_run) if key({"part": part, **c.fields()}) not in done]
     for i, case in enumerate(cases):
         if deadline is not None and time.perf_counter() > deadline:
             print(f"benchmarks.fused: {part}: time is up, {len(cases) - i} case(s) not run")
@@ -118,8 +133,9 @@ def build(part: str, case: Case, rounds: int) -> dict[str, Any]:
     """The row of one case of ``part``."""
     if part == "compile":
         return grid.compile_row(case)
-    builders: dict[str, Callable[[Case, int], dict[str, Any]]] = {
+    builders: dict[str, Callable[[Any, int], dict[str, Any]]] = {
         "forward": forward_row,
+        "lab": lab.lab_row,
         "grad": grad_row,
         "cudnn": cudnn_row,
     }
@@ -151,6 +167,8 @@ def describe(row: dict[str, Any]) -> str:
             f"{_x(row['default_speedup_min'])}"
             + (f" | lanes split {_x(row['lanes_speedup_min'])}" if "lanes_speedup" in row else "")
         )
+    if part == "lab":
+        return f"{head} {lab.describe(row)}"
     if part == "grad":
         return (
             f"{head} BP {_ms(row['bp_min_ms'])} ms | defaults {_ms(row['defaults_min_ms'])} ms "

@@ -9,13 +9,19 @@
 #      forward="fused" and the default forward, us per step; RNN, GRU, LSTM at H = 20, B = 16,
 #      T = 10k, 30k, 1k; the diagonal GRU at H = 1024, 4096, T = 4096, B = 8):
 #      fused_forward_gpu.jsonl. It stops the run at once without a GPU backend (exit 2)
+#  1b. what the kernel lab predicts (benchmarks/fused.py --parts lab): each library cell's fused
+#      forward and FusedSequential() backward loop, H = 20, 64, 128 (in that order), T = 1000,
+#      B = 16, at the profile's warps and at 4, step-ahead loads on and off: the measured step
+#      beside the lab's estimate (benchmarks/results/kernel_lab/kernels.jsonl), for
+#      fit_profile --kernel-lab: fused_lab_gpu.jsonl
 #   2. whole value_and_grad: BP, bppsa's defaults, fused + Blelloch(), with each run's plan;
 #      RNN, GRU, H = 20, B = 16, T = 10k, 30k: fused_grad_gpu.jsonl
 #   3. cuDNN's LSTM (jax.experimental.rnn.lstm) against bppsa's LSTM with its defaults,
 #      H = 20, 128, T = 10k, 1k, B = 16: fused_cudnn_gpu.jsonl
 #   4. the fused kernel's compile grid (RNN, GRU, LSTM, diagonal GRU at H = 16..4096; its
-#      "compile-summary" row: the largest size each cell compiled at, for the profile's
-#      envelope, fit_profile --compile): fused_compile_gpu.jsonl
+#      "compile-summary" row: the largest size each cell compiled at, and the points the
+#      profile's envelope admits that did not compile and run right, fit_profile --compile):
+#      fused_compile_gpu.jsonl
 #   5. the language model's training step (experiments/char_lm.py --gpu, H = 1024, 2 layers,
 #      T = 2048, B = 8: BP, Auto (its forward the fused kernel: the summary records each
 #      run's plan), Auto with the Newton forward, on the synthetic corpus): char_lm_gpu/
@@ -140,16 +146,17 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 # 1-4. The fused forward's rows (issue 43), the forward alone first: its refusal without a GPU
-# backend (exit 2) ends the run.
+# backend (exit 2) ends the run; then the kernel lab's pairs, H = 20 first.
 status=0
 fused fused_forward 75 30 forward || status=$?
 if ((status == 2)); then
     say "not a GPU backend: nothing else runs"
     exit 2
 fi
+fused fused_lab 60 20 lab || true
 fused fused_grad 55 25 grad || true
 fused fused_cudnn 35 20 cudnn || true
-fused fused_compile 55 20 compile || true
+fused fused_compile 30 20 compile || true
 
 # 5. The language model's whole training step, on the SYNTHETIC corpus in the Shakespeare
 # layout (no download on the GPU machine; a step's time does not depend on the text).

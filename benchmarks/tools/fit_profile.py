@@ -38,10 +38,12 @@ program (below): elsewhere it is ``total - forward``.
   of repeats; a pick counts as right only if it stays right with any rate moved by
   ``--margin`` decades), those that fit the times best. ``--flops gemm`` pins the FLOP rate to
   the speed run's large float32 GEMM (``gemm_gflops``), a rate measured as its own program.
-* The fused loops' envelope (``fused_max_tile``, ``fused_max_resident`` of the profile's
-  :class:`bppsa.Kernels`): ``--compile`` reads the compile grid's results
+* The fused loops' envelope (``fused_programs`` of the profile's :class:`bppsa.Kernels`) is the
+  kernel lab's (``python -m benchmarks.kernel_lab``: the largest loops that compile without
+  spilling); ``--compile`` checks it against a device: it reads the compile grid's results
   (``fused_compile_gpu.jsonl`` of ``benchmarks/gpu.sh``, :mod:`benchmarks._fused_compile`) and
-  sets each limit to the largest count that compiled and ran right (:func:`envelope`).
+  reports every point the profile admits that did not compile and run right (exit status 1
+  where there is one), and the points beyond it that did (:func:`envelope_check`).
 * The fused forward's step latency (``Rates.fused_step_latency``, by which ``Auto()`` and the
   forward's policy rank the fused loops): ``--fused`` reads ``benchmarks/fused.py``'s forward
   rows (``fused_forward_gpu.jsonl``) and sets it to the median per-step time of the kernel on
@@ -52,8 +54,10 @@ Run: ``.venv/bin/python -m benchmarks.tools.fit_profile benchmarks/results/cpu_f
 H200 (:data:`bppsa.scan._profile.GPU`): ``.venv/bin/python -m benchmarks.tools.fit_profile --device
 --choices --flops gemm benchmarks/results/gpu-h200/{speed_gpu,total_gpu,width_gpu}.json
 benchmarks/results/gpu-h200/gpu_backward.jsonl`` (``--out`` writes the profile and the ratios;
-``--compile .../fused_compile_gpu.jsonl`` sets the envelope too, ``--fused
-.../fused_forward_gpu.jsonl`` the fused step latency).
+``--compile .../fused_compile_gpu.jsonl`` checks the envelope on that device's compile grid,
+``--fused .../fused_forward_gpu.jsonl`` sets the fused step latency). ``--kernel-lab
+.../fused_lab_gpu.jsonl`` fits the kernel lab's latency model to the fused loops' measured steps
+(:mod:`benchmarks.tools.fit_kernel_lab`).
 """
 
 from __future__ import annotations
@@ -69,14 +73,14 @@ import numpy as np
 
 from benchmarks import _speed_model
 from benchmarks._speed_cli import SWEEPS
-from benchmarks.tools import hlo_cost
+from benchmarks.tools import fit_kernel_lab, hlo_cost
 from bppsa.scan._core import cost
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.memory import Footprint
 from bppsa.scan._core.methods.auto import ACCELERATOR_CHOICES
 from bppsa.scan._core.methods.base import Method
 from bppsa.scan._core.profiles import get_profile
-from bppsa.scan._profile import ENVELOPE, Profile
+from bppsa.scan._profile import Profile
 from paper_figures.result_files import PULLBACK, read_json, read_rows, write_json
 
 METHODS = {repr(m): m for m in ACCELERATOR_CHOICES}  # what Auto() ranks on accelerators
@@ -355,38 +359,69 @@ def gemm_flops(paths: list[pathlib.Path]) -> float | None:
     return None
 
 
-def envelope(path: pathlib.Path) -> dict[str, int]:
-    """The fused loops' envelope measured by the compile grid (:mod:`benchmarks._fused_compile`)
-    in ``path``: ``{"fused_max_tile": ..., "fused_max_resident": ...}``, each the largest count
-    of a point that compiled and ran right (its last ``compile-summary`` row). Every point that
-    failed must lie beyond one of them.
+# Outcomes of a compile point that the envelope must keep out (benchmarks._fused_compile.STOPS).
+BROKEN = ("failed", "crashed", "ran wrong")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvelopeCheck:
+    """The compile grid's points against a profile's envelope, each as a label.
+
+    Attributes:
+        verified: admitted points that compiled and ran right.
+        failed: admitted points that failed to compile or run, crashed or ran wrong.
+        unverified: admitted points not run (skipped after a failure, an error, no counts).
+        beyond: points the envelope refuses that compiled and ran right (room to grow).
+    """
+
+    verified: list[str]
+    failed: list[str]
+    unverified: list[str]
+    beyond: list[str]
+
+    def lines(self) -> list[str]:
+        out = [
+            f"envelope check: {len(self.verified)} admitted point(s) compiled and ran right, "
+            f"{len(self.failed)} failed, {len(self.unverified)} not run; {len(self.beyond)} "
+            "beyond the envelope compiled"
+        ]
+        out += [f"  admitted, {label}" for label in self.failed]
+        return out
+
+
+def envelope_check(path: pathlib.Path, profile: Profile) -> EnvelopeCheck:
+    """The compile grid's points in ``path`` (:mod:`benchmarks._fused_compile`) against the
+    envelope of ``profile`` (``Kernels.fused_programs``: a point is admitted where a program
+    holds its ``tile`` and ``resident``; one without counts, by its row's ``library_why_not``).
 
     Raises:
-        ValueError: no summary row, no point compiled, or a failed point within both limits
-            (the envelope cannot keep it out: naming it).
+        ValueError: ``path`` holds no point of the compile grid.
     """
-    summaries = [r for r in read_rows(path) if r.get("part") == "compile-summary"]
-    if not summaries:
-        raise ValueError(f"{path}: no compile-summary row (benchmarks.fused's part 'compile')")
-    summary = summaries[-1]
-    limits = {}
-    for count, field in zip(("tile", "resident"), ENVELOPE, strict=True):
-        largest = summary.get(f"largest_{count}_compiled")
-        if largest is None:
-            raise ValueError(f"{path}: no point of the compile grid compiled: no {field}")
-        limits[field] = int(largest)
-    tile, resident = (limits[field] for field in ENVELOPE)
-    for cell, entry in summary["cells"].items():
-        failed = entry.get("smallest_failed") or {}
-        if None not in (failed.get("tile"), failed.get("resident")) and (
-            failed["tile"] <= tile and failed["resident"] <= resident
-        ):
-            raise ValueError(
-                f"{path}: {cell} at H = {failed['hidden']} {failed['status']} with tile "
-                f"{failed['tile']} and resident {failed['resident']}, within the envelope of "
-                f"the largest counts that compiled ({tile}, {resident}): it cannot keep it out"
+    points = [r for r in read_rows(path) if r.get("part") == "compile" and "event" not in r]
+    if not points:
+        raise ValueError(f"{path}: no point of the compile grid (benchmarks.fused's 'compile')")
+    check = EnvelopeCheck([], [], [], [])
+    for row in points:
+        label = f"{row['cell']} H = {row['hidden']} {row.get('status')}"
+        if row.get("tile") is not None and row.get("resident") is not None:
+            label += f" (tile {row['tile']}, resident {row['resident']})"
+            admitted = any(
+                p.holds(row["tile"], row["resident"]) is None
+                for p in profile.kernels.fused_programs
             )
-    return limits
+        else:
+            admitted = "library_why_not" in row and row["library_why_not"] is None
+        status = row.get("status")
+        if not admitted:
+            if status == "compiled":
+                check.beyond.append(label)
+        elif status == "compiled":
+            check.verified.append(label)
+        elif status in BROKEN:
+            check.failed.append(label + (f": {row['error'][:200]}" if row.get("error") else ""))
+        else:
+            check.unverified.append(label)
+    return check
 
 
 def fused_latency(path: pathlib.Path, profile: Profile) -> float:
@@ -421,11 +456,6 @@ def with_fused_latency(profile: Profile, seconds: float) -> Profile:
     )
 
 
-def with_envelope(profile: Profile, limits: dict[str, int]) -> Profile:
-    """``profile`` with the fused loops' envelope ``limits`` (:func:`envelope`)."""
-    return dataclasses.replace(profile, kernels=dataclasses.replace(profile.kernels, **limits))
-
-
 def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None = None) -> None:
     """Prints measured / model for every ``(label, seconds, ratio)`` of ``rows``, their spread
     and how to use ``profile``; writes them (and ``extra``) to ``args.out``."""
@@ -440,13 +470,7 @@ def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None
     rates = {f: getattr(profile.rates, f) for f in ("step_latency", "flops", "bandwidth")}
     if profile.rates.fused_step_latency is not None:
         rates["fused_step_latency"] = profile.rates.fused_step_latency
-    limits = {f: getattr(profile.kernels, f) for f in ENVELOPE} if args.compile else {}
     use = f"rates=bppsa.Rates({', '.join(f'{k}={v:.4g}' for k, v in rates.items())})"
-    if limits:
-        use += (
-            f", kernels=dataclasses.replace(bppsa.get_profile({backend!r}).kernels, "
-            f"{', '.join(f'{k}={v}' for k, v in limits.items())})"
-        )
     print(
         f"to use it: bppsa.set_profile({backend!r}, dataclasses.replace(bppsa.get_profile("
         f"{backend!r}), {use}))"
@@ -455,7 +479,7 @@ def _report(args, backend: str, profile: Profile, rows: list, extra: dict | None
         write_json(
             args.out,
             dict(
-                profile=dict(name=profile.name, **rates, **limits),
+                profile=dict(name=profile.name, **rates),
                 sources=[str(p) for p in args.results],
                 rows=[dict(label=lab, measured_s=sec, ratio=r) for lab, sec, r in rows],
                 **(extra or {}),
@@ -482,8 +506,7 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         tolerance=args.tolerance,
         margin=args.margin,
     )
-    if args.compile:
-        profile = with_envelope(profile, envelope(args.compile))
+    check = envelope_check(args.compile, profile) if args.compile else None
     if args.fused:
         profile = with_fused_latency(profile, fused_latency(args.fused, profile))
     print(
@@ -504,7 +527,24 @@ def _main_device(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         )
         table[-1]["loss"] = row.loss(now)
     timed = [(t.label, t.seconds, t.seconds / t.cost().seconds(profile)) for t in measured]
-    _report(args, "gpu", profile, timed, dict(choices=table))
+    extra: dict = dict(choices=table)
+    if check is not None:
+        extra["envelope_check"] = dataclasses.asdict(check)
+    _report(args, "gpu", profile, timed, extra)
+    if check is not None:
+        print("\n".join(check.lines()))
+        if check.failed:
+            raise SystemExit(1)
+
+
+def _main_kernel_lab(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    lab_rows = read_rows(args.lab) if args.lab.exists() else []
+    try:
+        fitted = fit_kernel_lab.report(args, fit_kernel_lab.load(args.kernel_lab), lab_rows)
+    except ValueError as error:
+        parser.error(f"--kernel-lab: {error}")
+    if args.out:
+        write_json(args.out, fitted | {"sources": [str(p) for p in args.kernel_lab]})
 
 
 def _flops(value: str) -> str | float:
@@ -513,7 +553,7 @@ def _flops(value: str) -> str | float:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", type=pathlib.Path, help="results files")
+    parser.add_argument("results", nargs="*", type=pathlib.Path, help="results files")
     parser.add_argument("--device", action="store_true", help="an accelerator's fit (see above)")
     parser.add_argument(
         "--choices", action="store_true", help="--device: rank each row's fastest first"
@@ -524,12 +564,33 @@ def main(argv=None) -> None:
     parser.add_argument("--name", help="the profile's name")
     parser.add_argument("--out", type=pathlib.Path, help="write the profile and ratios here")
     parser.add_argument(
-        "--compile", type=pathlib.Path, help="--device: the compile grid's results (envelope)"
+        "--compile", type=pathlib.Path, help="--device: check the envelope on a compile grid"
     )
     parser.add_argument(
         "--fused", type=pathlib.Path, help="--device: the fused forward rows (its step latency)"
     )
+    parser.add_argument(
+        "--kernel-lab",
+        nargs="+",
+        type=pathlib.Path,
+        help="fit the kernel lab's model to these device rows (benchmarks.fused --parts lab)",
+    )
+    parser.add_argument(
+        "--lab", type=pathlib.Path, default=fit_kernel_lab.LAB_ROWS, help="--kernel-lab: lab rows"
+    )
+    parser.add_argument(
+        "--refit",
+        action="store_true",
+        help="--kernel-lab: fit the model's constants (compiles the kernels: the triton wheel)",
+    )
     args = parser.parse_args(argv)
+    if args.kernel_lab:
+        if args.results:
+            parser.error("--kernel-lab fits the kernel lab's model alone: no results files")
+        _main_kernel_lab(parser, args)
+        return
+    if not args.results:
+        parser.error("the following arguments are required: results")
     if args.device:
         _main_device(parser, args)
         return

@@ -6,6 +6,7 @@ run's grids as issue 43 asks for them. No timing is asserted beyond "it was meas
 import contextlib
 import dataclasses
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ import pytest
 from jax.experimental import rnn
 
 import bppsa
-from benchmarks import _fused_compile, _fused_envelope, fused
+from benchmarks import _fused_compile, _fused_envelope, _fused_lab, fused
 from benchmarks._fused_rows import (
     Case,
     cudnn_row,
@@ -23,6 +24,7 @@ from benchmarks._fused_rows import (
     lstm_params,
     problem,
 )
+from benchmarks.kernel_lab import capture
 from paper_figures.result_files import JsonLines
 
 # float32: the kernel sums its products in another order than XLA's dot (<= 2e-7 measured over
@@ -39,10 +41,12 @@ def highest_precision():
 
 @contextlib.contextmanager
 def envelope(**limits):
-    """Inside the block, the default backend's profile has the fused envelope ``limits``."""
+    """Inside the block, the default backend's profile has one fused program, its largest with
+    ``limits`` (``max_tile``, ``max_resident``)."""
     backend = jax.default_backend()
     profile = bppsa.get_profile(backend)
-    kernels = dataclasses.replace(profile.kernels, **limits)
+    program = dataclasses.replace(profile.kernels.fused_programs[-1], **limits)
+    kernels = dataclasses.replace(profile.kernels, fused_programs=(program,))
     bppsa.set_profile(backend, dataclasses.replace(profile, kernels=kernels))
     try:
         yield
@@ -79,9 +83,9 @@ def test_a_diagonal_row_times_the_split_lanes_against_one_program():
 
 
 def test_a_forward_row_outside_the_envelope_says_why_and_does_not_time_the_kernel():
-    with envelope(fused_max_tile=16):
+    with envelope(max_tile=16):
         row = forward_row(Case("rnn", 20, 5, 2, 1), rounds=1)
-    assert "fused_max_tile: 16" in row["fused_why_not"]
+    assert "max_tile: 16" in row["fused_why_not"]
     assert row["fused_forward"] == "'sequential'" and row["fused_difference"] is None
     assert row["fused_ms"] is None and row["fused_speedup_min"] is None
     assert row["lax_scan_ms"] > 0 and row["default_ms"] > 0
@@ -144,29 +148,49 @@ def test_the_compile_grid_lifts_the_envelope_and_counts_it():
     assert row["compile_s"] > 0 and row["difference"] <= RTOL
     # W_hh's three gate blocks: (32, 32) products after padding, three of them kept loaded.
     assert row["tile"] == 32 * 32 and row["resident"] >= 3 * 32 * 32
-    assert row["library_envelope"] == _fused_envelope.limits()
-    with envelope(fused_max_resident=row["resident"] - 1):
+    assert row["library_envelope"] == _fused_envelope.limits() and row["num_warps"] == 1
+    with envelope(max_resident=row["resident"] - 1):
         outside = _fused_compile.compile_row(Case("gru", 20, 5, 2, 2))
         assert bppsa.get_profile().kernels.fused_max_resident == row["resident"] - 1  # restored
-    assert "fused_max_resident" in outside["library_why_not"]
+    assert "max_resident" in outside["library_why_not"] and outside["num_warps"] is None
     assert outside["status"] == "compiled" and outside["why_not"] is None  # lifted
-    assert outside["library_envelope"]["fused_max_resident"] == row["resident"] - 1
+    (program,) = outside["library_envelope"]["fused_programs"]
+    assert program["max_resident"] == row["resident"] - 1
+
+
+def test_lifting_keeps_the_smaller_programs_and_unbounds_the_largest():
+    small = bppsa.FusedProgram(1, 256, 512)
+    large = bppsa.FusedProgram(4, 4096, 8192)
+    kernels = dataclasses.replace(bppsa.Kernels(), fused_programs=(small, large))
+    lifted = _fused_envelope.unbounded(kernels).fused_programs
+    assert lifted[0] == small and lifted[1].num_warps == 4
+    assert lifted[1].max_tile == lifted[1].max_resident == _fused_envelope.UNBOUNDED
+    listed = [dataclasses.asdict(p) for p in (small, large)]
+    assert _fused_envelope.admits(listed, 256, 512) == listed[0]
+    assert _fused_envelope.admits(listed, 257, 512) == listed[1]
+    assert _fused_envelope.admits(listed, 256, 8193) is None
+    with _fused_envelope.prefetching(False) as swapped:
+        assert swapped and bppsa.get_profile().kernels.fused_prefetch is False
+    assert bppsa.get_profile() is bppsa.get_profile(jax.default_backend())
+    assert bppsa.get_profile().kernels.fused_prefetch is True  # restored
 
 
 def test_the_envelope_module_still_reads_the_library():
     # It reads internals: when they move, this fails loudly (the benchmark falls back).
     limits = _fused_envelope.limits()
-    assert limits == {"fused_max_tile": 1 << 16, "fused_max_resident": 1 << 17}
+    assert limits == {"fused_programs": [dict(num_warps=1, max_tile=1 << 16, max_resident=1 << 17)]}
     body = lambda h, x: (jnp.tanh(jnp.ones((20, 20)) @ h + x), None)
     assert _fused_envelope.sizes(body, jnp.zeros(20), jnp.ones((4, 20))) == {
         "tile": 32 * 32,
         "resident": 32 * 32 + 32,
+        "num_warps": 1,
     }
 
 
-def _point(cell, hidden, status, compile_s=1.0, tile=1, resident=1):
+def _point(cell, hidden, status, compile_s=1.0, tile=1, resident=1, why_not=None):
     return {"part": "compile", "cell": cell, "hidden": hidden, "status": status,
-            "compile_s": compile_s, "tile": tile, "resident": resident}  # fmt: skip
+            "compile_s": compile_s, "tile": tile, "resident": resident,
+            "library_why_not": why_not}  # fmt: skip
 
 
 def test_a_cell_stops_at_its_first_failure_and_the_summary_reads_the_largest_compiled():
@@ -175,7 +199,8 @@ def test_a_cell_stops_at_its_first_failure_and_the_summary_reads_the_largest_com
         _point("rnn", 16, "compiled", tile=256, resident=300),
         _point("gru", 16, "compiled", compile_s=99.0, tile=256, resident=800),
         _point("rnn", 64, "compiled", tile=4096, resident=4200),
-        _point("rnn", 128, "failed", tile=16384, resident=16500),
+        _point("rnn", 128, "failed", tile=16384, resident=16500, why_not="beyond"),
+        _point("gru", 64, "ran wrong", tile=4096, resident=12500),
         _point("lstm", 16, "not fused"),
     ]
     assert _fused_compile.stopped(rows) == {
@@ -186,7 +211,11 @@ def test_a_cell_stops_at_its_first_failure_and_the_summary_reads_the_largest_com
     assert summary["cells"]["rnn"]["largest_compiled"]["hidden"] == 64
     assert summary["cells"]["rnn"]["smallest_failed"]["hidden"] == 128
     assert summary["cells"]["lstm"]["largest_compiled"] is None
-    assert (summary["largest_tile_compiled"], summary["smallest_tile_failed"]) == (4096, 16384)
+    assert (summary["largest_tile_compiled"], summary["smallest_tile_failed"]) == (4096, 4096)
+    # The check: of the 5 points the profile admits, the GRU at 64 ran wrong (the RNN at 128
+    # failed beyond the envelope, as it may).
+    assert summary["admitted"] == 5
+    assert [(p["cell"], p["hidden"]) for p in summary["admitted_failed"]] == [("gru", 64)]
     assert any(line.startswith("rnn ") for line in _fused_compile.report(rows))
 
 
@@ -247,3 +276,36 @@ def test_the_language_models_defaults_pick_the_fused_forward_on_a_gpu(tmp_path):
     here = runs.planned_forward(experiment, "bppsa")
     assert here["forward_plan"] == "'sequential'"  # the CPU's defaults: lax.scan
     assert runs.planned_forward(experiment, "bp")["forward_plan"] == "'sequential'"
+
+
+def test_the_lab_rows_read_the_labs_estimate_of_the_kernel_launched(tmp_path):
+    path = tmp_path / "kernels.jsonl"
+    assert _fused_lab.estimate("rnn-h20-forward-b", 1, True, path) is None  # no file
+    rows = [
+        {"kernel": "rnn-h20-forward-b", "arch": 90, "num_warps": 1, "step_us": 0.2},
+        {"kernel": "rnn-h20-forward-b", "arch": 80, "num_warps": 4, "step_us": 0.9},
+        {"kernel": "rnn-h20-forward-b", "arch": 90, "num_warps": 4, "step_us": 0.3},
+        {"kernel": "rnn-h20-forward-b", "arch": 90, "num_warps": 4, "step_us": 0.5,
+         "prefetch": False},
+        {"kernel": "rnn-h20-forward-b", "arch": 90, "num_warps": 8, "status": "too large"},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    step = lambda *a: (_fused_lab.estimate(*a, path) or {}).get("step_us")
+    assert step("rnn-h20-forward-b", 1, True) == 0.2
+    assert step("rnn-h20-forward-b", 4, True) == 0.3
+    assert step("rnn-h20-forward-b", 4, False) == 0.5
+    assert step("rnn-h20-forward-b", 1, False) is None  # the lab's rows are at prefetch True
+    assert step("rnn-h20-forward-b", 8, True) is None  # not compiled
+    assert step("rnn-h20-forward-b", None, True) is None  # refused: no warps
+    assert step("gru-h20-forward-b", 1, True) is None
+
+
+def test_the_lab_rows_are_each_library_cells_loops_at_the_labs_sizes():
+    cases = fused.plan("lab")
+    assert len(cases) == 3 * 6 * 2
+    assert [c.hidden for c in cases[:12]] == [20] * 12  # H = 20 first: the lab's targets
+    assert {(c.length, c.batch, c.inputs) for c in cases} == {(1000, 16, 8)}
+    assert {c.cell for c in cases} == set(capture.CELLS)
+    assert {c.loop for c in cases} == {"forward", "backward"}
+    assert _fused_lab.kernel_name("lstm", 64, "backward") == "lstm-h64-backward-b"
+    assert set(_fused_lab.VARIANTS.values()) == {(w, p) for w in ("auto", 4) for p in (True, False)}

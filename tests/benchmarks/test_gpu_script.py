@@ -109,14 +109,14 @@ def test_the_real_run_measures_the_papers_grids_and_larger_hidden_sizes_later(dr
 def test_the_fused_rows_come_first_then_the_language_model_then_the_papers_grids():
     # A call cut short (one was, after 214 s) still brings the rows issue 43 asks for.
     text = SCRIPT.read_text()
-    order = ["fused fused_forward ", "fused fused_grad ", "fused fused_cudnn ",
+    order = ["fused fused_forward ", "fused fused_lab ", "fused fused_grad ", "fused fused_cudnn ",
              "fused fused_compile ", "python3 -m experiments.char_lm",
              "python3 -m benchmarks.speed", "python3 -m benchmarks.accuracy",
              "python3 -m benchmarks.total", "python3 -m benchmarks.width",
              "python3 -m benchmarks.newton"]  # fmt: skip
     body = text.split("\nif command -v nvidia-smi", 1)[1]
     assert [body.index(name) for name in order] == sorted(body.index(name) for name in order)
-    for name in ("forward", "grad", "cudnn", "compile"):  # the header lists every file
+    for name in ("forward", "lab", "grad", "cudnn", "compile"):  # the header lists every file
         assert f"fused_{name}_gpu.jsonl" in text.split("set -euo pipefail")[0]
 
 
@@ -200,6 +200,26 @@ def test_dry_run_runs_the_fused_forward_rows(dry_run):
     assert "--- benchmarks.fused forward: 4 row(s)" in log  # the part's table, in the log
 
 
+def test_dry_run_runs_the_kernel_labs_pairs(dry_run):
+    # Each loop in its four variants, checked and timed (Pallas' interpreter here, so no lab
+    # estimate: the lab's kernels are T = 1000, B = 16, never the dry run's).
+    _, out = dry_run
+    rows = _results(out / "fused_lab_gpu.jsonl")
+    assert [(r["cell"], r["hidden"], r["loop"], r["kernel"]) for r in rows] == [
+        ("rnn", 8, "forward", "rnn-h8-forward-b"), ("rnn", 8, "backward", "rnn-h8-backward-b")
+    ]  # fmt: skip
+    for row in rows:
+        assert row["status"] == "ok" and row["arch"] == 90
+        assert [row[f"{v}_num_warps"] for v in ("auto", "w4")] == [1, 4]
+        assert row["auto_prefetch"] and row["auto_no_prefetch_prefetch"] is False
+        for variant in ("auto", "w4", "auto_no_prefetch", "w4_no_prefetch"):
+            assert row[f"{variant}_why_not"] is None and row[f"{variant}_difference"] < 1e-5
+            assert row[f"{variant}_measured_us_per_step"] > 0
+            assert row[f"{variant}_measured_from"] == "program"  # no device kernels on a CPU
+            assert row[f"{variant}_estimate_us"] is None
+    assert "--- benchmarks.fused lab: 2 row(s)" in (out / "gpu.log").read_text()
+
+
 def test_dry_run_runs_the_fused_gradient_and_cudnn_rows(dry_run):
     _, out = dry_run
     grads = _results(out / "fused_grad_gpu.jsonl")
@@ -225,7 +245,9 @@ def test_dry_run_runs_the_fused_compile_grid(dry_run):
     assert all(r["tile"] > 0 and r["resident"] > 0 for r in points)
     (summary,) = [r for r in rows if r["part"] == "compile-summary"]
     assert summary["cells"]["gru"]["largest_compiled"]["hidden"] == 20
-    assert set(summary["library_envelope"]) == {"fused_max_tile", "fused_max_resident"}
+    assert set(summary["library_envelope"]) == {"fused_programs"}
+    assert summary["admitted"] == len(points) and summary["admitted_failed"] == []
+    assert all(r["num_warps"] == 1 for r in points)  # the profile's program for all of them
 
 
 def test_dry_run_runs_the_language_models_training_step(dry_run):
@@ -342,8 +364,9 @@ def test_a_dry_run_keeps_the_deadline_a_test_sets(tmp_path):
     done, out = run_script(tmp_path, "--dry-run", python3_body=SLOW_SPEED, GPU_SH_DRY_LIMIT_S="1")
     assert done.returncode == 0, done.stdout + done.stderr
     log = (out / "gpu.log").read_text()
-    names = ("fused_forward", "fused_grad", "fused_cudnn", "fused_compile", "char_lm", "speed",
-             "accuracy", "total", "width", "newton", "h_sweep", "sharded", "vgg11")  # fmt: skip
+    names = ("fused_forward", "fused_lab", "fused_grad", "fused_cudnn", "fused_compile",
+             "char_lm", "speed", "accuracy", "total", "width", "newton", "h_sweep", "sharded",
+             "vgg11")  # fmt: skip
     for name in names:
         assert f"{name} not run" in log, name
     for module in STEPS:
@@ -368,8 +391,8 @@ def test_the_real_run_keeps_its_budgets():
     text = SCRIPT.read_text()
     # With the machine's start (up to ~90 s) the call fits 8.5 minutes.
     assert "limit_s=400 " in text and "speed_s=100 " in text
-    for budget in ("fused_forward 75 30 ", "fused_grad 55 25 ", "fused_cudnn 35 20 ",
-                   "fused_compile 55 20 ", "char_lm 70 40 "):  # fmt: skip
+    for budget in ("fused_forward 75 30 ", "fused_lab 60 20 ", "fused_grad 55 25 ",
+                   "fused_cudnn 35 20 ", "fused_compile 30 20 ", "char_lm 70 40 "):  # fmt: skip
         assert f"fused {budget}" in text or f"step {budget}" in text, budget
     assert "step newton 60 30 " in text and "step dense_quasi 30 15 " in text
     assert "limit_s=${GPU_SH_DRY_LIMIT_S:-0}" in text.split("if ((dry)); then", 1)[1].split("fi")[0]

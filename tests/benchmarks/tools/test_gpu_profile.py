@@ -1,7 +1,7 @@
 """The GPU profile against the H200's measurements: Auto()'s picks at the measured rows, the
 profile as benchmarks.tools.fit_profile finds it in the committed files, and the device fit's
 reading of sound timings (whole gradients, pullbacks timed alone; never total - forward) on
-synthetic files whose times a known profile predicts, and the fused envelope read from a
+synthetic files whose times a known profile predicts, and the fused envelope checked against a
 synthetic compile grid."""
 
 import dataclasses
@@ -190,9 +190,9 @@ def test_the_device_fit_refuses_a_run_without_sound_timings(tmp_path, capsys):
         fit_profile.timings(other)
 
 
-def compile_point(cell, hidden, status, tile, resident):
+def compile_point(cell, hidden, status, tile, resident, **more):
     return dict(part="compile", cell=cell, hidden=hidden, status=status, compile_s=1.0,
-                tile=tile, resident=resident)  # fmt: skip
+                tile=tile, resident=resident, **more)  # fmt: skip
 
 
 def compile_file(tmp_path, points):
@@ -203,49 +203,75 @@ def compile_file(tmp_path, points):
     return path
 
 
-# The RNN compiled up to H = 64 and failed at 128; the GRU compiled at H = 32 and failed at 64
-# with the RNN's largest tile but three times its constants: the limits are the largest counts
-# that compiled, and each failure lies beyond one of them.
+# An envelope of one program (4096 entries a tile, 8192 resident): the RNN compiled up to
+# H = 64 and failed beyond it at 128; the GRU compiled at H = 32 and at 48 beyond the envelope
+# (room to grow), and failed beyond it at 64; the LSTM's row has no counts and its profile
+# refused it.
+ENVELOPE = (bppsa.FusedProgram(num_warps=1, max_tile=4096, max_resident=8192),)
 POINTS = [
     compile_point("rnn", 16, "compiled", 256, 300),
     compile_point("rnn", 64, "compiled", 4096, 4200),
     compile_point("rnn", 128, "failed", 16384, 16500),
     compile_point("gru", 32, "compiled", 1024, 3200),
+    compile_point("gru", 48, "compiled", 4096, 9000),
     compile_point("gru", 64, "failed", 4096, 12500),
-    compile_point("lstm", 16, "not fused", None, None),
+    compile_point("lstm", 16, "not fused", None, None, library_why_not="beyond"),
 ]
 
 
-def test_the_envelope_is_the_largest_counts_the_compile_grid_compiled(tmp_path, capsys):
+@pytest.fixture
+def small_envelope():
+    """The built-in GPU profile with :data:`ENVELOPE` (for ``fit_profile.main``)."""
+    kernels = dataclasses.replace(_profile.GPU.kernels, fused_programs=ENVELOPE)
+    bppsa.set_profile("gpu", dataclasses.replace(_profile.GPU, kernels=kernels))
+    yield dataclasses.replace(_profile.GPU, kernels=kernels)
+    bppsa.set_profile("gpu", None)
+
+
+def test_the_envelope_check_reads_every_admitted_point_of_the_compile_grid(
+    tmp_path, capsys, small_envelope
+):
     path = compile_file(tmp_path, POINTS)
-    limits = fit_profile.envelope(path)
-    assert limits == {"fused_max_tile": 4096, "fused_max_resident": 4200}
-    fitted = fit_profile.with_envelope(_profile.GPU, limits)
-    assert (fitted.kernels.fused_max_tile, fitted.kernels.fused_max_resident) == (4096, 4200)
-    assert fitted.rates == _profile.GPU.rates
-    assert fitted.kernels.small_rows == _profile.GPU.kernels.small_rows
+    check = fit_profile.envelope_check(path, small_envelope)
+    assert [label.split(" (")[0] for label in check.verified] == [
+        "rnn H = 16 compiled", "rnn H = 64 compiled", "gru H = 32 compiled"
+    ]  # fmt: skip
+    assert check.failed == [] and check.unverified == []
+    assert check.beyond == ["gru H = 48 compiled (tile 4096, resident 9000)"]
+    # The built-in envelope admits the RNN at 128 and the GRU at 64, which failed: the check
+    # says so.
+    wide = fit_profile.envelope_check(path, _profile.GPU)
+    assert [label.split(" (")[0] for label in wide.failed] == [
+        "rnn H = 128 failed", "gru H = 64 failed"
+    ]  # fmt: skip
     speed = tmp_path / "speed_gpu.json"
     speed.write_text(json.dumps(speed_payload(pullback=False)))
     out = tmp_path / "fit.json"
     fit_profile.main(["--device", str(speed), "--compile", str(path), "--out", str(out)])
-    result = json.loads(out.read_text())["profile"]
-    assert (result["fused_max_tile"], result["fused_max_resident"]) == (4096, 4200)
-    assert "fused_max_tile=4096, fused_max_resident=4200" in capsys.readouterr().out
+    written = json.loads(out.read_text())["envelope_check"]
+    assert len(written["verified"]) == 3 and written["failed"] == []
+    assert "3 admitted point(s) compiled and ran right, 0 failed" in capsys.readouterr().out
 
 
-def test_the_envelope_refuses_a_grid_it_cannot_describe(tmp_path):
-    inside = compile_point("lstm", 20, "failed", 1024, 4000)  # within both limits
-    with pytest.raises(ValueError, match="lstm at H = 20 failed with tile 1024 and resident 4000"):
-        fit_profile.envelope(compile_file(tmp_path, [*POINTS, inside]))
-    failed = [p for p in POINTS if p["status"] != "compiled"]
-    with pytest.raises(ValueError, match="no point of the compile grid compiled"):
-        fit_profile.envelope(compile_file(tmp_path, failed))
-    path = tmp_path / "points.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in POINTS))
-    with pytest.raises(ValueError, match="no compile-summary row"):
-        fit_profile.envelope(path)
+def test_an_admitted_point_that_failed_fails_the_check(tmp_path, capsys, small_envelope):
+    inside = compile_point("lstm", 20, "ran wrong", 1024, 4000)  # within both limits
+    skipped = compile_point("lstm", 32, "skipped", None, None, library_why_not=None)
+    path = compile_file(tmp_path, [*POINTS, inside, skipped])
+    check = fit_profile.envelope_check(path, small_envelope)
+    assert check.failed == ["lstm H = 20 ran wrong (tile 1024, resident 4000)"]
+    assert check.unverified == ["lstm H = 32 skipped"]
+    speed = tmp_path / "speed_gpu.json"
+    speed.write_text(json.dumps(speed_payload(pullback=False)))
+    with pytest.raises(SystemExit) as exited:
+        fit_profile.main(["--device", str(speed), "--compile", str(path)])
+    assert exited.value.code == 1
+    assert "admitted, lstm H = 20 ran wrong" in capsys.readouterr().out
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"part": "forward"}) + "\n")
+    with pytest.raises(ValueError, match="no point of the compile grid"):
+        fit_profile.envelope_check(empty, small_envelope)
     with pytest.raises(SystemExit):
-        fit_profile.main([str(path), "--compile", str(path)])
+        fit_profile.main([str(path), "--compile", str(path)])  # a device's, not the CPU's
 
 
 def forward_point(cell, hidden, length, fused_ms, why_not=None):
