@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loops", nargs="+", default=list(capture.LOOPS))
     parser.add_argument("--warps", nargs="+", type=int, default=list(lab.WARPS))
     parser.add_argument("--archs", nargs="+", type=int, default=list(lab.ARCHS))
+    parser.add_argument("--workers", type=int, default=2, help="kernels compiled at a time")
     parser.add_argument(
         "--report-only", action="store_true", help="redraw the summary and figure from the rows"
     )
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             rows_path,
             warps=args.warps,
             archs=args.archs,
+            workers=args.workers,
             progress=lambda m: print(f"[{time.perf_counter() - start:6.0f} s] {m}", flush=True),
         )
     rows = lab.read_rows(rows_path)

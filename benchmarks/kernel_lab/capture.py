@@ -61,12 +61,14 @@ PLATFORM = "gpu"  # bppsa's profile key for a GPU whose toolkit JAX cannot name 
 class Spec:
     """One fused loop: ``loop`` (``"forward"``/``"backward"``) of ``cell`` with ``hidden``
     units, over ``LENGTH`` steps, of one example or (``batched``) ``BATCH`` under
-    ``jax.vmap``."""
+    ``jax.vmap``, with or without the step-ahead loads (``prefetch``,
+    ``Kernels.fused_prefetch``; the name does not say it, the rows do)."""
 
     cell: str
     hidden: int
     loop: str
     batched: bool
+    prefetch: bool = True
 
     @property
     def name(self) -> str:
@@ -94,8 +96,9 @@ class Captured:
     library_why_not: str | None
 
 
-def program(spec: Spec) -> tuple[Callable, tuple]:
-    """The function and arguments whose lowering holds ``spec``'s kernel (and only it)."""
+def program(spec: Spec, num_warps: int | str = "auto") -> tuple[Callable, tuple]:
+    """The function and arguments whose lowering holds ``spec``'s kernel (and only it),
+    launched with ``num_warps`` (the kernel's code depends on them: the order of its sums)."""
     kind, cell = CELLS[spec.cell]
     params = kind.init(INPUTS, spec.hidden, key=jax.random.key(0))
     init = kind.initial_state(spec.hidden)
@@ -105,9 +108,10 @@ def program(spec: Spec) -> tuple[Callable, tuple]:
         return cell(params, state, x), None
 
     if spec.loop == "forward":
+        forward = bppsa.Fused(num_warps=num_warps)
 
         def one(x):
-            return kind.output(bppsa.scan(body, init, x, forward=bppsa.Fused())[0])
+            return kind.output(bppsa.scan(body, init, x, forward=forward)[0])
 
     else:
 
@@ -119,7 +123,8 @@ def program(spec: Spec) -> tuple[Callable, tuple]:
             return jnp.sum(kind.output(final))
 
         def one(x):
-            return bppsa.grad(loss, method=bppsa.FusedSequential())(params, x)
+            method = bppsa.FusedSequential(num_warps=num_warps)
+            return bppsa.grad(loss, method=method)(params, x)
 
     if spec.batched:
         return jax.vmap(one), (xs,)
@@ -152,10 +157,11 @@ def planned(spec: Spec, profile: bppsa.Profile) -> tuple[Any, str | None]:
 UNBOUNDED = 1 << 62
 
 
-def lifted(profile: bppsa.Profile) -> bppsa.Profile:
-    """``profile`` with its envelope out of the way (every size admitted)."""
+def lifted(profile: bppsa.Profile, prefetch: bool = True) -> bppsa.Profile:
+    """``profile`` with its envelope out of the way (every size admitted, at any warps) and
+    the step-ahead loads ``prefetch``."""
     programs = (bppsa.FusedProgram(1, UNBOUNDED, UNBOUNDED),)
-    kernels = dataclasses.replace(profile.kernels, fused_programs=programs)
+    kernels = dataclasses.replace(profile.kernels, fused_programs=programs, fused_prefetch=prefetch)
     return dataclasses.replace(profile, kernels=kernels)
 
 
@@ -207,9 +213,22 @@ def abstract_gpu() -> Iterator[None]:
         yield
 
 
-def capture(spec: Spec, profile: bppsa.Profile | None = None) -> Captured:
+def footprint(spec: Spec) -> Any:
+    """The footprint (tile, resident) of ``spec``'s loop, which the envelope compares."""
+    from bppsa.scan._profile import built_in
+
+    wide, _ = planned(spec, lifted(built_in("cuda")))
+    if wide is None:
+        raise RuntimeError(f"{spec.name}: the fused kernel cannot run it at all")
+    return wide.footprint
+
+
+def capture(
+    spec: Spec, profile: bppsa.Profile | None = None, num_warps: int | str = "auto"
+) -> Captured:
     """``spec``'s kernel as the library would launch it on ``profile`` (default: the built-in
-    NVIDIA GPU profile), lowered with the envelope lifted.
+    NVIDIA GPU profile) with ``num_warps`` (``"auto"``: the profile's), lowered with the
+    envelope lifted.
 
     Raises:
         RuntimeError: the lowered program holds no fused kernel, or more than one.
@@ -219,13 +238,11 @@ def capture(spec: Spec, profile: bppsa.Profile | None = None) -> Captured:
     profile = profile or built_in("cuda")
     loop, why_not = planned(spec, profile)
     library_warps = loop.launch.num_warps if loop is not None else None
-    wide, _ = planned(spec, lifted(profile))
-    if wide is None:
-        raise RuntimeError(f"{spec.name}: the fused kernel cannot run it at all")
+    size = footprint(spec)
     saved = bppsa.get_profile(PLATFORM)
-    bppsa.set_profile(PLATFORM, lifted(profile))
+    bppsa.set_profile(PLATFORM, lifted(profile, spec.prefetch))
     try:
-        fn, args = program(spec)
+        fn, args = program(spec, num_warps)
         with _recording() as records, abstract_gpu():
             jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
     finally:
@@ -235,13 +252,12 @@ def capture(spec: Spec, profile: bppsa.Profile | None = None) -> Captured:
     if len(found) != 1:
         names = [r["name"] for r in records]
         raise RuntimeError(f"{spec.name}: expected one {kernel} kernel, lowered {names}")
-    footprint = wide.footprint
     return Captured(
         spec,
         found[0]["ttir"],
         found[0]["grid"],
-        footprint.tile,
-        footprint.resident,
+        size.tile,
+        size.resident,
         library_warps,
         why_not,
     )

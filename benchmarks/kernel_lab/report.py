@@ -35,10 +35,11 @@ def launched(rows: Sequence[dict[str, Any]], arch: int = 90) -> list[dict[str, A
     """Each kernel's row at the warps the built-in NVIDIA profile launches it with (``arch``'s
     rows), or its row at the most warps, marked ``refused``, where the profile refuses it."""
     programs = _profile_programs()
-    by_kernel: dict[str, dict[int, dict[str, Any]]] = {}
+    by_kernel: dict[tuple[str, bool], dict[int, dict[str, Any]]] = {}
     for row in rows:
         if row["arch"] == arch:
-            by_kernel.setdefault(row["kernel"], {})[row["num_warps"]] = row
+            name = (row["kernel"], row.get("prefetch", True))
+            by_kernel.setdefault(name, {})[row["num_warps"]] = row
     out = []
     for kernel in sorted(by_kernel):
         warps = by_kernel[kernel]
@@ -80,7 +81,8 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         found = [
             k
             for k in kernels
-            if (k["cell"], k["hidden"], k["loop"], k["batched"]) == (cell, hidden, loop, True)
+            if (k["cell"], k["hidden"], k["loop"], k["batched"], k.get("prefetch", True))
+            == (cell, hidden, loop, True, True)
         ]
         estimate = found[0].get("step_us") if found else None
         targets.append(
@@ -118,6 +120,7 @@ def summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 key: k.get(key)
                 for key in (
                     "kernel",
+                    "prefetch",
                     "num_warps",
                     "refused",
                     "registers",
@@ -169,7 +172,9 @@ def figure(rows: Sequence[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kernels = [k for k in launched(rows) if k["batched"] and "step_us" in k]
+    kernels = [
+        k for k in launched(rows) if k["batched"] and k.get("prefetch", True) and "step_us" in k
+    ]
     loops = ("forward", "backward")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, loop in zip(axes, loops):
