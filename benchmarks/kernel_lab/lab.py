@@ -70,8 +70,10 @@ def row_of(
     :class:`~benchmarks.kernel_lab.compile.Compiled`)."""
     spec = captured.spec
     used = sass.resources(compiled.log)
-    loop = sass.time_loop(sass.instructions(compiled.sass))
-    cycles = model.iteration_cycles(loop)
+    code = sass.instructions(compiled.sass)
+    loop = sass.time_loop(code)
+    steps = sass.steps_per_iteration(loop, code, capture.LENGTH)
+    cycles = model.step_cycles(loop, steps)
     return {
         "kernel": spec.name,
         **dataclasses.asdict(spec),
@@ -87,6 +89,7 @@ def row_of(
         "stack": used.stack,
         "shared": used.shared,
         "mix": sass.mix(loop),
+        "steps_per_iteration": steps,
         "cycles": cycles,
         "step_us": round(cycles / model.CLOCK_HZ[compiled.arch] * 1e6, 4),
         "ttir_sha": ttir_sha,

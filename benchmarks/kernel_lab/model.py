@@ -7,8 +7,9 @@ operations that set them have completed (their issue cycle plus the class's late
 :data:`LATENCY`); a barrier adds :data:`BARRIER` cycles (every warp of a program runs the same
 instructions, so all arrive together). The loop is walked :data:`ITERATIONS` times with the
 scoreboards carried from one iteration to the next, so that a load issued a step ahead hides its
-latency; the estimate is the steady state, the cycles of the last iteration, over the clock of
-the target (:data:`CLOCK_HZ`).
+latency; the estimate is the steady state, the cycles of the last iteration over the steps an
+iteration runs (LLVM unrolls small loop bodies), over the clock of the target
+(:data:`CLOCK_HZ`).
 
 It is a static estimate, not a measurement: no contention between warps or programs, no cache
 misses beyond the global load latency, no dual issue. Compare variants of a kernel with it; a
@@ -82,8 +83,16 @@ def iteration_cycles(loop: Sequence[Instruction], constants: Constants | None = 
     return ends[-1] - ends[-2]
 
 
+def step_cycles(
+    loop: Sequence[Instruction], steps: int = 1, constants: Constants | None = None
+) -> float:
+    """Cycles of one step of the time loop ``loop``, an iteration of which runs ``steps``
+    steps (:func:`~benchmarks.kernel_lab.sass.steps_per_iteration`)."""
+    return iteration_cycles(loop, constants) / steps
+
+
 def step_seconds(
-    loop: Sequence[Instruction], arch: int, constants: Constants | None = None
+    loop: Sequence[Instruction], arch: int, steps: int = 1, constants: Constants | None = None
 ) -> float:
     """Seconds of one step of ``loop`` on the target ``arch`` (``90``: sm_90a)."""
-    return iteration_cycles(loop, constants) / CLOCK_HZ[arch]
+    return step_cycles(loop, steps, constants) / CLOCK_HZ[arch]

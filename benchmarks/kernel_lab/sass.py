@@ -1,9 +1,10 @@
 """Reading the compiler's output: ``ptxas -v``'s log and ``cuobjdump -sass``'s listing.
 
 A kernel's *resources* come from the log (registers a thread, spill bytes, stack frame, shared
-memory); its *time loop* from the listing: the instructions between the target of the kernel's
-widest backward branch and that branch (the fused loops' ``fori_loop`` over the steps; Triton
-unrolls everything inside a step, so no other loop is as wide). Each instruction keeps the
+memory); its *time loop* from the listing: of the loops (from a backward branch's target to the
+branch), the one with the most floating-point work (the fused loops' ``fori_loop`` over the
+steps; Triton unrolls everything inside a step, and the kernel's other loops only move data),
+and the steps an iteration of it runs (LLVM unrolls a small body). Each instruction keeps the
 control word the compiler scheduled it with (Volta and newer, the high 23 bits of its second
 64-bit word): the stall cycles before the next instruction issues, the scoreboard a
 variable-latency result sets (``write``), the one a source read releases (``read``) and the
@@ -131,14 +132,9 @@ def instructions(listing: str) -> list[Instruction]:
     return out
 
 
-def time_loop(code: Sequence[Instruction]) -> list[Instruction]:
-    """The instructions of ``code``'s widest loop (from a backward branch's target to the
-    branch), in order.
-
-    Raises:
-        ValueError: ``code`` has no backward branch.
-    """
-    widest: tuple[int, int] | None = None
+def loops(code: Sequence[Instruction]) -> list[list[Instruction]]:
+    """Every loop of ``code``: the instructions from a backward branch's target to the branch."""
+    out = []
     for i, ins in enumerate(code):
         if ins.base != "BRA":
             continue
@@ -149,11 +145,79 @@ def time_loop(code: Sequence[Instruction]) -> list[Instruction]:
         if target >= ins.address:  # a forward jump or the final self-loop
             continue
         start = next(j for j, other in enumerate(code) if other.address >= target)
-        if widest is None or i - start > widest[1] - widest[0]:
-            widest = (start, i)
-    if widest is None:
+        out.append(list(code[start : i + 1]))
+    return out
+
+
+def arithmetic(loop: Sequence[Instruction]) -> int:
+    """Floating-point and special-function instructions of ``loop``."""
+    return sum(1 for ins in loop if ins.base[0] in "FH" or ins.base == "MUFU")
+
+
+def time_loop(code: Sequence[Instruction]) -> list[Instruction]:
+    """The instructions of ``code``'s time loop, in order: of its loops, the one with the most
+    floating-point work (the step's), the widest among equals. A kernel's other loops move
+    data (LLVM turns the stores of lanes known to be zero into a loop of their own).
+
+    Raises:
+        ValueError: ``code`` has no backward branch.
+    """
+    found = loops(code)
+    if not found:
         raise ValueError("no backward branch: the kernel has no loop")
-    return list(code[widest[0] : widest[1] + 1])
+    return max(found, key=lambda loop: (arithmetic(loop), len(loop)))
+
+
+_COUNTER = re.compile(r"^(U?R\d+), U?P\d, \1, 0x([0-9a-f]+)")
+_IMMEDIATE = re.compile(r"(-?)0x([0-9a-f]+)")
+
+
+def _signed(text: str) -> int | None:
+    match = _IMMEDIATE.search(text)
+    if match is None:
+        return None
+    value = int(match.group(2), 16)
+    if value >= 1 << 31:  # a 32-bit two's complement
+        value -= 1 << 32
+    return -value if match.group(1) else value
+
+
+def steps_per_iteration(
+    loop: Sequence[Instruction], code: Sequence[Instruction], length: int
+) -> int:
+    """Steps one iteration of the time loop ``loop`` (of ``code``, a loop of ``length`` steps)
+    runs: LLVM unrolls a small body, the trip count being known. The loop's 64-bit counter
+    (``IADD3 R, P, R, k``) runs ``span / k`` iterations, its span the bound it is compared with
+    or, where it counts up to zero, the value it starts from (set before the loop); 1 where
+    the counter is not found."""
+    counter = None
+    for ins in reversed(loop):
+        if ins.base in ("IADD3", "UIADD3") and (match := _COUNTER.match(ins.operands)):
+            counter = match.group(1), int(match.group(2), 16)
+            break
+    if counter is None:
+        return 1
+    register, increment = counter
+    span = None
+    for ins in loop:
+        operands = [o.strip() for o in ins.operands.split(",")]
+        if ins.base in ("ISETP", "UISETP") and register in operands:
+            bound = next((_signed(o) for o in operands if o.startswith(("0x", "-0x"))), None)
+            if bound:
+                span = abs(bound)
+    if span is None:
+        start = loop[0].address
+        for ins in code:
+            if ins.address >= start:
+                break
+            if ins.operands.startswith(f"{register},") and ins.base in ("MOV", "UMOV", "IMAD"):
+                value = _signed(ins.operands.split(",")[-1])
+                if value is not None:
+                    span = abs(value)
+    if not span or increment <= 0:
+        return 1
+    iterations = span / increment
+    return max(1, round(length / iterations))
 
 
 # The instruction mix's classes: mnemonic -> class (everything else counts as "other").

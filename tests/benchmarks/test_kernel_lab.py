@@ -77,6 +77,43 @@ def test_control_words_decode_stalls_and_scoreboards():
     assert all(0 <= ins.stall <= 15 for ins in code)
 
 
+def test_the_time_loop_is_the_loop_with_the_step_s_arithmetic():
+    """A loop that only stores (LLVM's loop over lanes known to be zero) is wider than the
+    time loop here, but it is not the step's."""
+    code = sass.instructions(listing("rnn-h20-forward-b.sm90.w4"))
+    (loop,) = sass.loops(code)
+    stores = [
+        dataclasses.replace(op("STG.E"), address=loop[-1].address + 16 * (i + 1))
+        for i in range(len(loop) + 5)
+    ]
+    branch = dataclasses.replace(
+        op("BRA"), address=stores[-1].address + 16, operands=hex(stores[0].address)
+    )
+    found = sass.loops([*code, *stores, branch])
+    assert len(found) == 2 and len(found[1]) > len(loop)
+    assert sass.time_loop([*code, *stores, branch]) == loop
+
+
+def test_an_unrolled_time_loop_counts_its_steps():
+    """LLVM unrolled this loop 14 times (1000 = 71 x 14 + 6): its 64-bit counter starts at
+    -994 (before the loop) and steps by 14 up to zero; the estimate of a step divides the
+    iteration's cycles by 14. A counter of bytes compared with a bound (the committed RNN
+    loop: 32 bytes a step up to 32000) is one step an iteration."""
+    start = dataclasses.replace(op("IMAD.MOV.U32"), operands="R5, RZ, RZ, -0x3e2")
+    loop = [
+        op("FFMA", stall=4),
+        dataclasses.replace(op("IADD3", stall=2), operands="R5, P0, R5, 0xe, RZ"),
+        dataclasses.replace(op("ISETP.NE.U32.AND"), operands="P0, PT, R5, RZ, PT"),
+        op("BRA", stall=5),
+    ]
+    loop = [dataclasses.replace(ins, address=16 * (i + 1)) for i, ins in enumerate(loop)]
+    assert sass.steps_per_iteration(loop, [start, *loop], 1000) == 14
+    assert model.step_cycles(loop, 14) == pytest.approx(model.iteration_cycles(loop) / 14)
+    assert sass.steps_per_iteration(loop[:1] + loop[3:], [start, *loop], 1000) == 1
+    code = sass.instructions(listing("rnn-h20-forward-b.sm90.w4"))
+    assert sass.steps_per_iteration(sass.time_loop(code), code, 1000) == 1
+
+
 def test_instructions_refuse_an_empty_listing():
     with pytest.raises(ValueError, match="no SASS"):
         sass.instructions("Fatbin elf code:\n")
