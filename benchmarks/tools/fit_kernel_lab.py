@@ -155,7 +155,8 @@ def estimates_us(
     for p in found:
         loop = loops[p.key]
         if id(loop) not in walked:
-            walked[id(loop)] = 1e6 * model.step_seconds(loop, arch, constants)
+            steps = getattr(loop, "steps", 1)
+            walked[id(loop)] = 1e6 * model.step_seconds(loop, arch, steps, constants)
         out.append(walked[id(loop)])
     return out
 
@@ -212,17 +213,22 @@ def compiled_loops(keys: Sequence[Key], arch: int = ARCH) -> dict[Key, list[Inst
     ``triton`` wheel: :mod:`benchmarks.kernel_lab.compile`)."""
     from benchmarks.kernel_lab import capture, sass
     from benchmarks.kernel_lab.compile import compile_ttir
-    from bppsa.scan._profile import built_in
 
     out = {}
     for kernel, warps, prefetch in keys:
-        spec = capture.Spec(*parse_kernel(kernel))
-        gpu = built_in("cuda")
-        kernels = dataclasses.replace(gpu.kernels, fused_prefetch=prefetch)
-        captured = capture.capture(spec, dataclasses.replace(gpu, kernels=kernels))
-        listing = compile_ttir(captured.ttir, warps, arch).sass
-        out[(kernel, warps, prefetch)] = sass.time_loop(sass.instructions(listing))
+        spec = capture.Spec(*parse_kernel(kernel), prefetch=prefetch)
+        captured = capture.capture(spec, num_warps=warps)
+        code = sass.instructions(compile_ttir(captured.ttir, warps, arch).sass)
+        loop = TimeLoop(sass.time_loop(code))
+        loop.steps = sass.steps_per_iteration(loop, code, capture.LENGTH)
+        out[(kernel, warps, prefetch)] = loop
     return out
+
+
+class TimeLoop(list):
+    """A time loop's instructions and the steps an iteration of it runs."""
+
+    steps: int = 1
 
 
 def report(

@@ -127,7 +127,7 @@ def test_refit_moves_the_constants_only_with_enough_kernels():
             for h in (20, 64, 128) for loop in ("forward", "backward") for w in (1, 4)}  # fmt: skip
     rows = []
     for (kernel, warps, _), loop in many.items():
-        us = 1e6 * model.step_seconds(loop, 90, truth())
+        us = 1e6 * model.step_seconds(loop, 90, constants=truth())
         estimate = 1e6 * model.step_seconds(loop, 90)
         rows.append(device_row(kernel, {"auto": us}, {"auto": estimate}, warps=(warps, 8)))
     printed = []
