@@ -69,11 +69,12 @@ def step_estimates(
     rows: Iterable[dict[str, Any]], listed: Sequence[tuple[int, int, int]], arch: int
 ) -> dict[int, float]:
     """``{num_warps: seconds}``: for each program of ``listed``, the slowest estimated step
-    (``step_us``) of target ``arch``'s kernels it launches at its warps, the static estimate
-    of its step (``FusedProgram.step_latency``)."""
+    (``step_us``) of target ``arch``'s kernels it launches at its warps with the step-ahead
+    loads (the profile's default), the static estimate of its step
+    (``FusedProgram.step_latency``)."""
     out: dict[int, float] = {}
     for row in rows:
-        if row["arch"] != arch or row.get("status") != "compiled":
+        if row["arch"] != arch or row.get("status") != "compiled" or not row.get("prefetch", True):
             continue
         program = admitted(row, listed)
         if program is None or program[0] != row["num_warps"]:
