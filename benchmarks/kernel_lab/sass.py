@@ -168,7 +168,7 @@ def time_loop(code: Sequence[Instruction]) -> list[Instruction]:
     return max(found, key=lambda loop: (arithmetic(loop), len(loop)))
 
 
-_COUNTER = re.compile(r"^(U?R\d+), U?P\d, \1, 0x([0-9a-f]+)")
+_COUNTER = re.compile(r"^(U?R\d+), U?P\d, \1, -?0x([0-9a-f]+)")
 _IMMEDIATE = re.compile(r"(-?)0x([0-9a-f]+)")
 
 
@@ -187,9 +187,9 @@ def steps_per_iteration(
 ) -> int:
     """Steps one iteration of the time loop ``loop`` (of ``code``, a loop of ``length`` steps)
     runs: LLVM unrolls a small body, the trip count being known. The loop's 64-bit counter
-    (``IADD3 R, P, R, k``) runs ``span / k`` iterations, its span the bound it is compared with
-    or, where it counts up to zero, the value it starts from (set before the loop); 1 where
-    the counter is not found."""
+    (``IADD3 R, P, R, k``, counting up or down) runs ``span / |k|`` iterations, its span the
+    bound it is compared with or, where it counts up to zero, the value it starts from (set
+    before the loop); 1 where the counter is not found."""
     counter = None
     for ins in reversed(loop):
         if ins.base in ("IADD3", "UIADD3") and (match := _COUNTER.match(ins.operands)):

@@ -161,7 +161,7 @@ class Rules:
 SPGEMM_METHODS = ("auto", "padded", "bucketed", "segment")
 SPMV_METHODS = ("padded", "segment")
 # The fields of Kernels that launch the fused loops' kernels.
-LAUNCH = ("fused_num_stages",)
+LAUNCH = ("fused_num_stages", "fused_unroll", "fused_backward_unroll")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +264,10 @@ class Kernels:
             one program per example).
         fused_prefetch: whether the fused loops load step ``t + 1``'s residuals during step
             ``t`` (``False``: each step loads its own, a load on the step's dependency chain).
+        fused_unroll, fused_backward_unroll: steps a fused forward's (a fused backward's)
+            kernel runs an iteration of its time loop, where the carry's lanes are not split
+            into tiles (a tile's loop runs one: its step is small, and the compiler unrolls
+            the loop itself).
 
     Raises:
         ValueError: a switch of the wrong kind, sign or name (naming it).
@@ -289,6 +293,11 @@ class Kernels:
     fused_num_stages: int = 1
     fused_lanes: int | None = 128
     fused_prefetch: bool = True
+    # the kernel lab (sm_90a): two steps an iteration lower the forward loops' step estimates
+    # (one branch and counter for both, one step's end scheduled with the next one's start);
+    # the backward's longer steps gain nothing
+    fused_unroll: int = 2
+    fused_backward_unroll: int = 1
 
     @property
     def fused_max_tile(self) -> int:

@@ -464,23 +464,40 @@ def interpreted_loop(cell, hidden, reverse=False):
 @pytest.mark.parametrize("reverse", [False, True])
 def test_prefetch_on_and_off_give_identical_carries(cell, hidden, reverse):
     """The kernel loads step ``t + 1``'s residuals during step ``t`` (``Launch.prefetch``, the
-    default) or each step's own: the same carries, bit for bit, in both directions."""
+    default) or each step's own: the same carries, bit for bit, in both directions, at one to
+    three steps an iteration (``Launch.unroll``). Across those the steps are the same; the
+    interpreter's compiler may round a loop of several steps a body differently (within the
+    tolerance of the exactness tests)."""
     loop, run, _ = interpreted_loop(cell, hidden, reverse)
     assert loop.launch.prefetch
-    ahead = run(loop.launch)
-    own = run(dataclasses.replace(loop.launch, prefetch=False))
-    for a, b in zip(ahead, own, strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    single = run(dataclasses.replace(loop.launch, prefetch=False, unroll=1))
+    for unroll in (1, 2, 3):
+        ahead = run(dataclasses.replace(loop.launch, prefetch=True, unroll=unroll))
+        own = run(dataclasses.replace(loop.launch, prefetch=False, unroll=unroll))
+        for a, b, c in zip(ahead, own, single, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+            np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-5, atol=1e-7)
 
 
 def test_the_profile_switches_the_prefetch():
     assert GPU.kernels.fused_prefetch
     off = dataclasses.replace(GPU.kernels, fused_prefetch=False)
-    small = backend.Footprint(tile=1024, resident=1088)
+    small = GPU.kernels.fused_programs[0]
     assert not backend.launch_of(off, small, "auto", "auto").prefetch
     assert backend.launch_of(GPU.kernels, small, "auto", "auto").prefetch
     with pytest.raises(ValueError, match="fused_prefetch must be a bool"):
         dataclasses.replace(GPU.kernels, fused_prefetch=1)
+
+
+def test_the_profile_sets_the_steps_an_iteration():
+    """The forward's loop runs ``Kernels.fused_unroll`` steps an iteration of its time loop, a
+    backward's ``fused_backward_unroll``."""
+    program = GPU.kernels.fused_programs[0]
+    kernels = dataclasses.replace(GPU.kernels, fused_unroll=3, fused_backward_unroll=5)
+    assert backend.launch_of(kernels, program, "auto", "auto").unroll == 3
+    assert backend.launch_of(kernels, program, "auto", "auto", backward=True).unroll == 5
+    with pytest.raises(ValueError, match="fused_unroll"):
+        dataclasses.replace(GPU.kernels, fused_unroll=0)
 
 
 def _loop_body(text_jaxpr):
@@ -505,38 +522,45 @@ def _ancestors(jaxpr, var) -> list:
     return seen
 
 
+@pytest.mark.parametrize("unroll", [1, 2])
 @pytest.mark.parametrize("prefetch", [True, False])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_the_loop_body_reads_the_next_steps_residuals(prefetch, reverse):
-    """With the prefetch, every load of the loop's body reads step ``min(k + 1, T - 1)``'s
-    residuals (of the loop's order; clamped, never out of range), carried into step ``k + 1``;
-    without it, step ``k``'s. The constants are read once, before the loop."""
+def test_the_loop_body_reads_the_next_steps_residuals(prefetch, reverse, unroll):
+    """The loop's iteration ``i`` runs steps ``k = unroll * i + j`` (``j < unroll``): with the
+    prefetch, its loads read steps ``k + 1`` (of the loop's order; unclamped: the residuals hold
+    one more zero step, after the last or, in reverse, before the first), carried into the next
+    step; without it, steps ``k``. The constants are read once, before the loop."""
     loop, run, (constants, steps) = interpreted_loop("rnn", 20, reverse)
-    launch = dataclasses.replace(loop.launch, prefetch=prefetch)
+    launch = dataclasses.replace(loop.launch, prefetch=prefetch, unroll=unroll)
     traced = jax.make_jaxpr(lambda c, s: run(launch, c, s))(constants, steps)
     (call,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "pallas_call"]
     body, counter = _loop_body(call.params["jaxpr"])
     loads = [e for e in body.eqns if e.primitive.name == "get"]
-    assert len(loads) == len(loop.split.step_residuals) >= 1
-    for load in loads:
-        index = [v for v in load.invars[1:] if not isinstance(v, jax.extend.core.Literal)]
-        chain = [e for v in index for e in _ancestors(body, v)]
-        ahead = [
-            e
-            for e in chain
-            if e.primitive.name == "min"
-            and any(
-                a.primitive.name == "add" and counter in a.invars and 1 in _literals(a)
-                for a in _ancestors(body, e.invars[0])
-            )
-            and T - 1 in _literals(e)
-        ]
-        assert bool(ahead) == prefetch, load
-        assert counter in [v for e in chain for v in e.invars] or counter in index
+    assert len(loads) == unroll * len(loop.split.step_residuals) >= 1
+
+    def time(k):  # the index of step k in the residuals passed
+        return T - k if reverse and prefetch else T - 1 - k if reverse else k
+
+    for i in range(3):
+        read = set()
+        for load in loads:
+            (index,) = [v for v in load.invars[1:] if not isinstance(v, jax.extend.core.Literal)]
+            chain = _ancestors(body, index)
+            assert "min" not in [e.primitive.name for e in chain]
+            read.add(_evaluated(body, chain, {counter: i})[index])
+        wanted = {time(unroll * i + j + (1 if prefetch else 0)) for j in range(unroll)}
+        assert read == wanted
 
 
-def _literals(eqn) -> list:
-    return [v.val for v in eqn.invars if isinstance(v, jax.extend.core.Literal)]
+def _evaluated(jaxpr, eqns, env) -> dict:
+    """``env`` (variables to values) with the outputs of ``eqns`` (equations of ``jaxpr``),
+    evaluated in ``jaxpr``'s order."""
+    env = dict(env)
+    for eqn in sorted(eqns, key=jaxpr.eqns.index):
+        args = [v.val if isinstance(v, jax.extend.core.Literal) else env[v] for v in eqn.invars]
+        outs = eqn.primitive.bind(*args, **eqn.params)
+        env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+    return {v: int(x) for v, x in env.items()}
 
 
 @pytest.mark.parametrize(

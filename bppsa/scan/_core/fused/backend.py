@@ -48,12 +48,14 @@ class Launch:
         prefetch: whether the loop loads step ``t + 1``'s residuals during step ``t`` (carried
             in the loop's state), so that no load from global memory waits on the carry's
             dependency chain; ``False``: each step loads its own.
+        unroll: steps the kernel's time loop runs an iteration (the remainder after it).
     """
 
     num_warps: int
     num_stages: int
     lanes: int | None
     prefetch: bool = True
+    unroll: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,15 +247,21 @@ def _warps(count: int) -> str:
 
 
 def launch_of(
-    kernels: Kernels, program: FusedProgram, num_warps: int | str, lanes: int | str | None
+    kernels: Kernels,
+    program: FusedProgram,
+    num_warps: int | str,
+    lanes: int | str | None,
+    backward: bool = False,
 ) -> Launch:
     """The launch of a loop in ``program`` (:func:`program_of`'s): ``num_warps`` where given,
-    else (``"auto"``) the program's; the stages and the step-ahead loads are the profile's."""
+    else (``"auto"``) the program's; the stages, the step-ahead loads and the steps an
+    iteration (the forward's, or the ``backward``'s loop's) are the profile's."""
     return Launch(
         num_warps=program.num_warps if num_warps == AUTO else int(num_warps),
         num_stages=kernels.fused_num_stages,
         lanes=lanes_of(kernels, lanes),
         prefetch=kernels.fused_prefetch,
+        unroll=kernels.fused_backward_unroll if backward else kernels.fused_unroll,
     )
 
 

@@ -190,7 +190,7 @@ def _plan_loop(reverse: Split, length: int, kernels: Kernels, num_warps, lanes) 
             step_shapes,
         )
 
-    return plan_loop(reverse, kernels, num_warps, lanes, build)
+    return plan_loop(reverse, kernels, num_warps, lanes, build, backward=True)
 
 
 def _cone(split: Split, carry, constants, steps) -> list:

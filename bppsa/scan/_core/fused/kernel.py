@@ -5,10 +5,16 @@ residuals the recurrence reads are computed outside the kernel (constants once, 
 for all steps at once), padded as the backend pads them (:mod:`~bppsa.scan._core.fused.backend`) and
 passed in; the kernel loads the constants once and runs ``lax.fori_loop`` over the ``T`` steps
 with the carry as the loop's value (on chip), reading step ``t``'s residuals from their refs and
-writing the carry after step ``t`` to its output ref. Padded lanes of the carry are zeroed at
-every step, so the outputs hold zeros there. Where the carry's lanes are independent
-(:mod:`bppsa.scan._core.fused.lanes`) the kernel is a grid of programs, one per tile of lanes,
-each reading its tile of every array that holds lanes and all of the others.
+writing the carry after step ``t`` to its output ref. With the step-ahead loads, a step of the
+loop loads the following step's residuals during its own: the per-step residuals are passed
+with one more (zero) step past the last, which the last step loads, so that no index is
+clamped. The loop runs ``launch.unroll`` steps an iteration, so that its branch and counter are
+paid once for them and the compiler schedules one step's end with the next one's start; the
+steps left over run after it, each loading its own residuals.
+Padded lanes of the carry are zeroed at every step, so the outputs hold zeros there. Where the
+carry's lanes are independent (:mod:`bppsa.scan._core.fused.lanes`) the kernel is a grid of
+programs, one per tile of lanes, each reading its tile of every array that holds lanes and all
+of the others.
 """
 
 from __future__ import annotations
@@ -94,12 +100,15 @@ def carries_after(
         *(tuple(v.aval.shape) for v in source.step_residuals),
     ]
     leads = [0] * (ni + nk + nq) + [1] * len(steps)
+    # the step-ahead loads: one more (zero) step past the last, which the last step loads
+    ahead = 1 if launch.prefetch and steps else 0
+    times = [(0, 0)] * (ni + nk + nq) + [(ahead, 0) if reverse else (0, ahead)] * len(steps)
     count = 1 if tiled is None else tiled.count
     padded_shape = backend.padded_shape
     blocks = [padded_shape(shape) for shape in avals]
     inputs = [
-        _padded_to(x, lead, _whole(block, axis, count))
-        for x, lead, block, axis in zip(values, leads, blocks, axes)
+        _padded_to(x, lead, _whole(block, axis, count), around)
+        for x, lead, block, axis, around in zip(values, leads, blocks, axes, times)
     ]
     out_shape = [
         jax.ShapeDtypeStruct((length, *_whole(padded_shape(s), a, count)), v.aval.dtype)
@@ -110,8 +119,8 @@ def carries_after(
         grid = {
             "grid": (count,),
             "in_specs": [
-                _tile_spec(block, axis, (length,) * lead)
-                for block, axis, lead in zip(blocks, axes, leads)
+                _tile_spec(block, axis, (length + sum(around),) * lead)
+                for block, axis, lead, around in zip(blocks, axes, leads, times)
             ],
             "out_specs": [_tile_spec(padded_shape(s), a, (length,)) for s, a in zip(shapes, axes)],
         }
@@ -127,7 +136,7 @@ def carries_after(
         permuted_values = {pair: r[...] for pair, r in zip(permuted, permuted_refs)}
 
         def load(k):
-            return [r[time(k)] for r in step_refs]
+            return [r[time(k) + ahead if reverse and ahead else time(k)] for r in step_refs]
 
         def step(k, carry, step_values):
             t = time(k)
@@ -147,16 +156,33 @@ def carries_after(
             return new
 
         first = [r[...] for r in init_refs]
-        if launch.prefetch and step_refs and length > 1:
+        unroll = launch.unroll
+        rounds = length // unroll
 
-            def ahead(k, state):
+        def several(body):
+            def run(i, state):
+                start = i * unroll if unroll > 1 else i
+                for j in range(unroll):
+                    state = body(start + j if j else start, state)
+                return state
+
+            return run
+
+        def own(k, carry):
+            return step(k, carry, load(k))
+
+        if ahead:
+
+            def early(k, state):
                 carry, current = state
-                following = load(jnp.minimum(k + 1, length - 1))  # issued before the step
+                following = load(k + 1)  # issued before the step
                 return step(k, carry, current), following
 
-            lax.fori_loop(0, length, ahead, (first, load(0)))
+            carry, _ = lax.fori_loop(0, rounds, several(early), (first, load(0)))
         else:
-            lax.fori_loop(0, length, lambda k, carry: step(k, carry, load(k)), first)
+            carry = lax.fori_loop(0, rounds, several(own), first)
+        for k in range(rounds * unroll, length):  # the rest after the loop
+            carry = own(k, carry)
 
     after = pl.pallas_call(
         kernel,
@@ -176,10 +202,11 @@ def _whole(block: Sequence[int], axis: int | None, count: int) -> tuple[int, ...
     return (*block[:axis], block[axis] * count, *block[axis + 1 :])
 
 
-def _padded_to(x, lead: int, shape: Sequence[int]):
-    """``x`` zero-padded to ``shape`` after ``lead`` leading axes."""
-    widths = [(0, 0)] * lead + [(0, p - s) for s, p in zip(jnp.shape(x)[lead:], shape)]
-    return x if not any(w for _, w in widths) else jnp.pad(x, widths)
+def _padded_to(x, lead: int, shape: Sequence[int], time: tuple[int, int] = (0, 0)):
+    """``x`` zero-padded to ``shape`` after ``lead`` leading axes, and by ``time`` (before,
+    after) along the first of them."""
+    widths = [time] * lead + [(0, p - s) for s, p in zip(jnp.shape(x)[lead:], shape)]
+    return x if not any(a or b for a, b in widths) else jnp.pad(x, widths)
 
 
 def _tile_spec(block: Sequence[int], axis: int | None, lead: Sequence[int]):

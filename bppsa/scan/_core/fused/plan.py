@@ -98,10 +98,12 @@ def plan_loop(
     num_warps: int | str,
     lanes: int | str | None,
     build: Callable[[Loop], object],
+    backward: bool = False,
 ) -> Loop | str:
     """The loop of ``split`` on the backend of ``kernels`` (its envelope and launch, with
-    ``num_warps`` and ``lanes`` where not ``"auto"``), or why the kernel cannot run it;
-    ``build(loop)`` builds its interpreted kernel abstractly (``jax.eval_shape``)."""
+    ``num_warps`` and ``lanes`` where not ``"auto"``; ``backward``: a backward's loop), or why
+    the kernel cannot run it; ``build(loop)`` builds its interpreted kernel abstractly
+    (``jax.eval_shape``)."""
     backend = backend_of(kernels)
     if isinstance(backend, str):
         return backend
@@ -112,7 +114,10 @@ def plan_loop(
         return reason
     program = program_of(backend.footprint(target), kernels, num_warps)
     assert not isinstance(program, str), program  # why_not found it
-    loop = Loop(split, tiled, backend, launch_of(kernels, program, num_warps, lanes), program)
+    launch = launch_of(kernels, program, num_warps, lanes, backward)
+    if tiled is not None:  # a tile's small step: the compiler unrolls its loop itself
+        launch = dataclasses.replace(launch, unroll=1)
+    loop = Loop(split, tiled, backend, launch, program)
     try:
         build(loop.interpreted)
     except CANNOT as err:
