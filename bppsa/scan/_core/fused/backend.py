@@ -49,6 +49,9 @@ class Launch:
             in the loop's state), so that no load from global memory waits on the carry's
             dependency chain; ``False``: each step loads its own.
         unroll: steps the kernel's time loop runs an iteration (the remainder after it).
+        padded_ahead: with ``prefetch``, the per-step residuals get one more (zero) step past
+            the last, so that the step-ahead load needs no clamp; ``False``: the index is
+            clamped.
     """
 
     num_warps: int
@@ -56,6 +59,7 @@ class Launch:
     lanes: int | None
     prefetch: bool = True
     unroll: int = 1
+    padded_ahead: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

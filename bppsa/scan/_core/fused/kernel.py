@@ -2,19 +2,19 @@
 
 Algorithm summary. Given a :class:`~bppsa.scan._core.fused.split.Split` of the step, the
 residuals the recurrence reads are computed outside the kernel (constants once, per-step values
-for all steps at once), padded as the backend pads them (:mod:`~bppsa.scan._core.fused.backend`) and
-passed in; the kernel loads the constants once and runs ``lax.fori_loop`` over the ``T`` steps
-with the carry as the loop's value (on chip), reading step ``t``'s residuals from their refs and
-writing the carry after step ``t`` to its output ref. With the step-ahead loads, a step of the
-loop loads the following step's residuals during its own: the per-step residuals are passed
-with one more (zero) step past the last, which the last step loads, so that no index is
-clamped. The loop runs ``launch.unroll`` steps an iteration, so that its branch and counter are
-paid once for them and the compiler schedules one step's end with the next one's start; the
-steps left over run after it, each loading its own residuals.
-Padded lanes of the carry are zeroed at every step, so the outputs hold zeros there. Where the
-carry's lanes are independent (:mod:`bppsa.scan._core.fused.lanes`) the kernel is a grid of
-programs, one per tile of lanes, each reading its tile of every array that holds lanes and all
-of the others.
+for all steps at once), padded as the backend pads them (:mod:`~bppsa.scan._core.fused.backend`)
+and passed in; the kernel loads the constants once and runs ``lax.fori_loop`` over the ``T``
+steps with the carry as the loop's value (on chip), reading step ``t``'s residuals from their
+refs and writing the carry after step ``t`` to its output ref. With the step-ahead loads, a step
+of the loop loads the following step's residuals during its own: the per-step residuals are
+passed with one more (zero) step past the last, which the last step loads, so that no index is
+clamped (a step of lanes apart clamps it instead: the compiler unrolls its small loop itself).
+The loop runs ``launch.unroll`` steps an iteration, so that its branch and counter are paid once
+for them and the compiler schedules one step's end with the next one's start; the steps left
+over run after it, each loading its own residuals. Padded lanes of the carry are zeroed at every
+step, so the outputs hold zeros there. Where the carry's lanes are independent
+(:mod:`bppsa.scan._core.fused.lanes`) the kernel is a grid of programs, one per tile of lanes,
+each reading its tile of every array that holds lanes and all of the others.
 """
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ def carries_after(
         *(tuple(v.aval.shape) for v in source.step_residuals),
     ]
     leads = [0] * (ni + nk + nq) + [1] * len(steps)
-    # the step-ahead loads: one more (zero) step past the last, which the last step loads
-    ahead = 1 if launch.prefetch and steps else 0
+    # the step-ahead loads: one more (zero) step past the last, which the last step loads, or
+    # the index clamped (launch.padded_ahead)
+    prefetch = launch.prefetch and bool(steps)
+    ahead = 1 if prefetch and launch.padded_ahead else 0
     times = [(0, 0)] * (ni + nk + nq) + [(ahead, 0) if reverse else (0, ahead)] * len(steps)
     count = 1 if tiled is None else tiled.count
     padded_shape = backend.padded_shape
@@ -171,11 +173,13 @@ def carries_after(
         def own(k, carry):
             return step(k, carry, load(k))
 
-        if ahead:
+        if prefetch:
+            last = length - 1
 
             def early(k, state):
                 carry, current = state
-                following = load(k + 1)  # issued before the step
+                # issued before the step (clamped where no step was added past the last)
+                following = load(k + 1 if ahead else jnp.minimum(k + 1, last))
                 return step(k, carry, current), following
 
             carry, _ = lax.fori_loop(0, rounds, several(early), (first, load(0)))

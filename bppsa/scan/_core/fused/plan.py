@@ -76,6 +76,11 @@ class Loop:
         return self.backend.footprint(self.split if self.tiled is None else self.tiled)
 
 
+def _contracts(loop: Split | Tiled) -> bool:
+    """Whether ``loop``'s recurrence contracts arrays (a product with a weight)."""
+    return any(eqn.primitive.name == "dot_general" for eqn in loop.recurrence)
+
+
 def no_backend(profile: Profile | None) -> str | None:
     """Why ``profile``'s platform has no fused kernel (its ``fused_backend`` is ``None``), naming
     it; ``None``: it has one (or no profile was given: the defaults')."""
@@ -115,8 +120,11 @@ def plan_loop(
     program = program_of(backend.footprint(target), kernels, num_warps)
     assert not isinstance(program, str), program  # why_not found it
     launch = launch_of(kernels, program, num_warps, lanes, backward)
-    if tiled is not None:  # a tile's small step: the compiler unrolls its loop itself
-        launch = dataclasses.replace(launch, unroll=1)
+    if tiled is not None or not _contracts(target):
+        # a step of lanes apart (a tile's, an elementwise cell's): the compiler unrolls its
+        # small loop itself, faster in the kernel lab than with the loop unrolled here or its
+        # residuals padded a step
+        launch = dataclasses.replace(launch, unroll=1, padded_ahead=False)
     loop = Loop(split, tiled, backend, launch, program)
     try:
         build(loop.interpreted)
