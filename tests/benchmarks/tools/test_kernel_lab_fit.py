@@ -86,7 +86,8 @@ def test_without_an_estimate_or_a_measured_kernel_it_says_so(tmp_path, capsys):
         fit_profile.main(["--kernel-lab", str(write(tmp_path / "e.jsonl", [{"part": "grad"}]))])
     assert "no fused loop measured on a device" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        fit_profile.main(["--kernel-lab", str(tmp_path / "d.jsonl"), str(tmp_path / "d.jsonl")])
+        fit_profile.main(["--kernel-lab", str(tmp_path / "d.jsonl"), str(tmp_path / "d.jsonl"),
+                          "--lab", str(tmp_path / "missing.jsonl")])  # fmt: skip
 
 
 def loops():
