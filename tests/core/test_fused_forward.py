@@ -505,7 +505,10 @@ def _loop_body(text_jaxpr):
     (eqn,) = [e for e in text_jaxpr.eqns if e.primitive.name in ("scan", "while")]
     if eqn.primitive.name == "scan":
         body = eqn.params["jaxpr"].jaxpr
-        return body, body.invars[eqn.params["num_consts"]]
+        if "num_consts" in eqn.params:
+            return body, body.invars[eqn.params["num_consts"]]
+        # JAX 0.12: the operands' structure, (constants, carry, xs)
+        return body, body.invars[len(list(eqn.params["ft_in"].elts[0].vals))]
     body = eqn.params["body_jaxpr"].jaxpr
     return body, body.invars[eqn.params["body_nconsts"]]
 
