@@ -158,35 +158,36 @@ def _reduce(eqn, args):
     return bind(eqn, x)
 
 
-def _dot_general(eqn, args, ready=(None, None), num_warps: int = 1):
+def _dot_general(eqn, args, permuted=None, num_warps: int = 1):
     """``dot_general`` as a broadcast product summed over the (masked) contracting axes, in a
     program of ``num_warps`` warps.
 
-    ``ready`` holds, for each operand, its value already in the order the product reads it
-    (:func:`dot_orders`; a constant permuted and padded before the loop, zero in its padded
-    lanes) or ``None``."""
+    ``permuted`` maps ``(variable, order)`` to an operand's value already in the order the
+    product reads it (:func:`dot_orders`; a constant permuted and padded before the loop, zero
+    in its padded lanes: :func:`permuted_constants`)."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = args
     lshape, rshape = _shape(eqn.invars[0]), _shape(eqn.invars[1])
     out_dtype = eqn.outvars[0].aval.dtype
     acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
-    lorder, rorder = dot_orders(eqn, num_warps)
+    first = _contracting_first(eqn, num_warps)
+    lorder, rorder = _orders(eqn, first)
+    ready = [
+        None if isinstance(v, Literal) else (permuted or {}).get((v, order))
+        for v, order in zip(eqn.invars, (lorder, rorder))
+    ]
     lhs = _operand(lhs, lshape, lc, lorder, acc, ready[0])
     rhs = _operand(rhs, rshape, rc, rorder, acc, ready[1])
     nb, nl, nr = len(lb), len(lorder) - len(lb) - len(lc), len(rorder) - len(rb) - len(rc)
     nc = len(lc)
-    if _contracting_first(eqn, num_warps):
-        # (B, C, LF, 1..) * (B, C, 1.., RF) -> (B, C, LF, RF), summed over C
-        lhs = lax.expand_dims(lhs, tuple(range(nb + nc + nl, nb + nc + nl + nr)))
-        rhs = lax.expand_dims(rhs, tuple(range(nb + nc, nb + nc + nl)))
-        product = lhs * rhs
-        out = product.sum(axis=tuple(range(nb, nb + nc))) if nc else product
-    else:
-        # (B, LF, 1.., C) * (B, 1.., RF, C) -> (B, LF, RF, C), summed over C
-        lhs = lax.expand_dims(lhs, tuple(range(nb + nl, nb + nl + nr)))
-        rhs = lax.expand_dims(rhs, tuple(range(nb, nb + nl)))
-        product = lhs * rhs
-        out = product.sum(axis=tuple(range(nb + nl + nr, nb + nl + nr + nc))) if nc else product
+    # (B, C, LF, 1..) * (B, C, 1.., RF) -> (B, C, LF, RF), summed over C (contracting first),
+    # or (B, LF, 1.., C) * (B, 1.., RF, C) -> (B, LF, RF, C), summed over C (last)
+    free = nb + nc if first else nb
+    lhs = lax.expand_dims(lhs, tuple(range(free + nl, free + nl + nr)))
+    rhs = lax.expand_dims(rhs, tuple(range(free, free + nl)))
+    product = lhs * rhs
+    summed = nb if first else nb + nl + nr
+    out = product.sum(axis=tuple(range(summed, summed + nc))) if nc else product
     return [out.astype(out_dtype)]
 
 
@@ -215,8 +216,13 @@ def dot_orders(eqn, num_warps: int = 1) -> tuple[tuple[int, ...], tuple[int, ...
     summed along the rows, within the warp; a longer one would leave each thread many outputs,
     each held by the 16 or more threads that summed it, and the elementwise work after the
     contraction (a gate's sigmoid) repeated on all of them: it is summed down the columns."""
+    return _orders(eqn, _contracting_first(eqn, num_warps))
+
+
+def _orders(eqn, first: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each operand's axes: batch, then contracting and free (``first``) or free and
+    contracting."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    first = _contracting_first(eqn, num_warps)
     orders = []
     for v, contracting, batch in ((eqn.invars[0], lc, lb), (eqn.invars[1], rc, rb)):
         free = [d for d in range(len(_shape(v))) if d not in contracting and d not in batch]
@@ -415,7 +421,6 @@ def run_padded(
     """Evaluates ``eqns`` on padded arrays into ``env`` (variables to padded values), for a
     program of ``num_warps`` warps; ``permuted`` maps :func:`permuted_constants`' pairs (of the
     same warps) to their values, permuted and padded (zero in the padded lanes)."""
-    permuted = permuted or {}
 
     def read(v):
         return v.val if isinstance(v, Literal) else env[v]
@@ -423,11 +428,7 @@ def run_padded(
     for eqn in eqns:
         args = [read(v) for v in eqn.invars]
         if eqn.primitive.name == "dot_general":
-            ready = tuple(
-                None if isinstance(v, Literal) else permuted.get((v, order))
-                for v, order in zip(eqn.invars, dot_orders(eqn, num_warps))
-            )
-            outs = _dot_general(eqn, args, ready, num_warps)
+            outs = _dot_general(eqn, args, permuted, num_warps)
         else:
             outs = RULES[eqn.primitive.name](eqn, args)
         env.update(zip(eqn.outvars, outs))
