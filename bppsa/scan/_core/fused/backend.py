@@ -3,8 +3,9 @@
 Algorithm summary. A fused loop (:mod:`~bppsa.scan._core.fused.forward`,
 :mod:`~bppsa.scan._core.fused.backward`) splits the step it runs (the carry's dependence cone
 in the loop, the rest hoisted) and hands the cone to a :class:`Backend`: the backend says
-whether it can run it (:meth:`Backend.why_not`: its module present, every primitive in its
-table, the arrays within the profile's envelope after its padding) and runs it as one kernel
+whether it can run it (:meth:`Backend.unsupported_loop`: its module present, every primitive
+in its table), how much the cone holds after its padding (:meth:`Backend.footprint`, which the
+profile's envelope compares: :func:`program_of`) and runs it as one kernel
 (:func:`bppsa.scan._core.fused.kernel.carries_after`, with the backend's equations, padding and
 compiler parameters). The plan of one loop (:mod:`~bppsa.scan._core.fused.plan`) is made once
 per scan by the scan's decision and carried in it; the platforms a backend runs on are one
@@ -140,12 +141,9 @@ class Backend(abc.ABC):
         )
         return Footprint(int(tile), int(resident))
 
-    def why_not(
-        self, loop: Split | Tiled, kernels: Kernels, num_warps: int | str = AUTO
-    ) -> str | None:
-        """Why the kernel cannot run the recurrence of ``loop`` (or of its tile): the backend
-        absent, a type, a primitive it has no rule for, or arrays beyond the envelope of
-        ``kernels`` after its padding (:func:`program_of`; ``None``: it can)."""
+    def unsupported_loop(self, loop: Split | Tiled) -> str | None:
+        """Why the kernel cannot run the recurrence of ``loop`` (or of its tile) at any size:
+        the backend absent, a type, a primitive it has no rule for (``None``: it can)."""
         missing = self.missing()
         if missing is not None:
             return missing
@@ -157,8 +155,7 @@ class Backend(abc.ABC):
             reason = self.unsupported(eqn)
             if reason is not None:
                 return reason
-        program = program_of(self.footprint(loop), kernels, num_warps)
-        return program if isinstance(program, str) else None
+        return None
 
 
 class Interpreted(Backend):

@@ -4,8 +4,9 @@ A :class:`Loop` is what one kernel launch runs: a split step's recurrence (or it
 independent lanes), the backend, the profile's program whose envelope holds it (and whose
 ``step_latency`` the cost model prices its steps at) and the launch. :func:`plan_loop` makes
 it from a split for the profile's backend: lanes first (:mod:`~bppsa.scan._core.fused.lanes`),
-then the backend's checks within the envelope
-(:meth:`~bppsa.scan._core.fused.backend.Backend.why_not`), then the interpreted kernel is
+then the backend's checks (:meth:`~bppsa.scan._core.fused.backend.Backend.unsupported_loop`)
+and the program whose envelope holds it (:func:`~bppsa.scan._core.fused.backend.program_of`),
+then the interpreted kernel is
 built once, abstractly, so that what the run builds has been built: a plan that is not a
 reason runs. The forward (:mod:`~bppsa.scan._core.fused.forward`) and the
 backward (:mod:`~bppsa.scan._core.fused.backward`) call it from their ``prepare``, which the
@@ -114,11 +115,12 @@ def plan_loop(
         return backend
     tiled = split_lanes(split, lanes_of(kernels, lanes))
     target = split if tiled is None else tiled
-    reason = backend.why_not(target, kernels, num_warps)
+    reason = backend.unsupported_loop(target)
     if reason is not None:
         return reason
     program = program_of(backend.footprint(target), kernels, num_warps)
-    assert not isinstance(program, str), program  # why_not found it
+    if isinstance(program, str):  # beyond the envelope
+        return program
     launch = launch_of(kernels, program, num_warps, lanes, backward)
     if tiled is not None or not _contracts(target):
         # a step of lanes apart (a tile's, an elementwise cell's): the compiler unrolls its
