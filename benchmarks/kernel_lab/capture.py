@@ -77,23 +77,16 @@ class Spec:
 
 @dataclasses.dataclass(frozen=True)
 class Captured:
-    """A kernel's Triton IR as lowered, and what the library planned for it.
+    """A kernel's Triton IR as lowered.
 
     Attributes:
         ttir: the TTIR module's text.
         grid: programs launched.
-        tile, resident: the loop's footprint (entries after padding) the envelope compares.
-        library_warps: the warps the library's profile launches it with, or ``None`` where its
-            envelope refuses it (``library_why_not`` then says why).
     """
 
     spec: Spec
     ttir: str
     grid: int
-    tile: int
-    resident: int
-    library_warps: int | None
-    library_why_not: str | None
 
 
 def program(spec: Spec, num_warps: int | str = "auto") -> tuple[Callable, tuple]:
@@ -228,7 +221,8 @@ def capture(
 ) -> Captured:
     """``spec``'s kernel as the library would launch it on ``profile`` (default: the built-in
     NVIDIA GPU profile) with ``num_warps`` (``"auto"``: the profile's), lowered with the
-    envelope lifted.
+    envelope lifted (its footprint: :func:`footprint`; the profile's plan of it:
+    :func:`planned`).
 
     Raises:
         RuntimeError: the lowered program holds no fused kernel, or more than one.
@@ -236,9 +230,6 @@ def capture(
     from bppsa.scan._profile import built_in
 
     profile = profile or built_in("cuda")
-    loop, why_not = planned(spec, profile)
-    library_warps = loop.launch.num_warps if loop is not None else None
-    size = footprint(spec)
     saved = bppsa.get_profile(PLATFORM)
     bppsa.set_profile(PLATFORM, lifted(profile, spec.prefetch))
     try:
@@ -252,12 +243,4 @@ def capture(
     if len(found) != 1:
         names = [r["name"] for r in records]
         raise RuntimeError(f"{spec.name}: expected one {kernel} kernel, lowered {names}")
-    return Captured(
-        spec,
-        found[0]["ttir"],
-        found[0]["grid"],
-        size.tile,
-        size.resident,
-        library_warps,
-        why_not,
-    )
+    return Captured(spec, found[0]["ttir"], found[0]["grid"])

@@ -64,9 +64,9 @@ def key(row: dict[str, Any]) -> tuple:
 
 
 def row_of(
-    captured: capture.Captured, compiled: Any, ttir_sha: str, compile_s: float
+    captured: capture.Captured, size: Any, compiled: Any, ttir_sha: str, compile_s: float
 ) -> dict[str, Any]:
-    """The row of ``captured`` compiled as ``compiled`` (a
+    """The row of ``captured`` (whose loop's footprint is ``size``) compiled as ``compiled`` (a
     :class:`~benchmarks.kernel_lab.compile.Compiled`)."""
     spec = captured.spec
     used = sass.resources(compiled.log)
@@ -79,8 +79,8 @@ def row_of(
         **dataclasses.asdict(spec),
         "status": "compiled",
         "grid": captured.grid,
-        "tile": captured.tile,
-        "resident": captured.resident,
+        "tile": size.tile,
+        "resident": size.resident,
         "arch": compiled.arch,
         "num_warps": compiled.num_warps,
         "registers": used.registers,
@@ -149,7 +149,7 @@ def kernel_rows(
         for arch in archs:
             start = time.perf_counter()
             result = compile_ttir(captured.ttir, count, arch)
-            rows.append(row_of(captured, result, sha, time.perf_counter() - start))
+            rows.append(row_of(captured, size, result, sha, time.perf_counter() - start))
     return rows
 
 

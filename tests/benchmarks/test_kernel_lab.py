@@ -282,12 +282,15 @@ def test_capture_holds_the_kernel_s_triton_ir_and_footprint():
     """The RNN H = 8 forward lowered for CUDA under the abstract H200: one Pallas Triton kernel
     whose TTIR has the step loop, and the footprint the envelope compares (W 8x8 and the
     carry, padded to powers of two, and the residuals' constants)."""
-    captured = capture.capture(capture.Spec("rnn", 8, "forward", True))
+    spec = capture.Spec("rnn", 8, "forward", True)
+    captured = capture.capture(spec)
     assert "tt.func" in captured.ttir and "scf.for" in captured.ttir
     assert captured.grid == capture.BATCH
-    assert captured.tile == 64 and captured.resident >= 64 + 8
-    assert captured.library_warps == SM90_PROGRAMS[0].num_warps
-    assert captured.library_why_not is None
+    size = capture.footprint(spec)
+    assert size.tile == 64 and size.resident >= 64 + 8
+    loop, why_not = capture.planned(spec, built_in("cuda"))
+    assert loop.launch.num_warps == SM90_PROGRAMS[0].num_warps
+    assert why_not is None
 
 
 def test_capture_records_a_kernel_the_profile_refuses():
@@ -298,7 +301,9 @@ def test_capture_records_a_kernel_the_profile_refuses():
     profile = dataclasses.replace(
         gpu, kernels=dataclasses.replace(gpu.kernels, fused_programs=(tiny,))
     )
-    captured = capture.capture(capture.Spec("rnn", 8, "backward", False), profile)
-    assert captured.library_warps is None
-    assert "beyond the envelope" in captured.library_why_not
+    spec = capture.Spec("rnn", 8, "backward", False)
+    captured = capture.capture(spec, profile)
+    loop, why_not = capture.planned(spec, profile)
+    assert loop is None
+    assert "beyond the envelope" in why_not
     assert "scf.for" in captured.ttir
