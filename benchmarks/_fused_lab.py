@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 import bppsa
 from benchmarks import _fused_envelope as envelope
-from benchmarks._fused_rows import Case, Program, machine, relative_difference
+from benchmarks._fused_rows import Case, Program, final_states, machine, relative_difference
 from benchmarks.kernel_lab import capture
 from benchmarks.kernel_lab.lab import read_rows
 from experiments.timing import interleaved, ms_fields
@@ -48,7 +48,7 @@ ARCH = 90
 LENGTH, BATCH, INPUTS = capture.LENGTH, capture.BATCH, capture.INPUTS
 HIDDENS = (20, 64, 128)
 # The dense cells first: the lab's targets (benchmarks.kernel_lab.report.TARGETS) are theirs.
-CELLS = ("rnn", "gru", "lstm", "cifg-lstm", "diagonal-gru", "indrnn")
+CELLS = tuple(capture.CELLS)
 LOOPS = ("forward", "backward")
 # name -> (num_warps, prefetch)
 VARIANTS: dict[str, tuple[int | str, bool]] = {
@@ -125,19 +125,8 @@ def _problem(case: Case) -> tuple[Any, jax.Array]:
     return params, xs
 
 
-def _final_states(scan: Callable, case: Case, params: Any, xs: jax.Array) -> jax.Array:
-    """The hidden vector each example ends in, ``(B, H)``."""
-    kind, cell = capture.CELLS[case.cell]
-    init = kind.initial_state(case.hidden)
-
-    def one(x):
-        return kind.output(scan(lambda s, xt: (cell(params, s, xt), None), init, x)[0])
-
-    return jax.vmap(one)(xs)
-
-
 def _loss(scan: Callable, case: Case, params: Any, xs: jax.Array) -> jax.Array:
-    return jnp.sum(_final_states(scan, case, params, xs))
+    return jnp.sum(final_states(scan, case, params, xs))
 
 
 def _pullback(pullback, cotangent):
@@ -190,7 +179,7 @@ def _programs(case: Case, loop: str, num_warps: int | str) -> tuple[Program, tup
     params, xs = _problem(case)
     if loop == "forward":
         scan = functools.partial(bppsa.scan, forward=bppsa.Fused(num_warps=num_warps))
-        program = Program.of(functools.partial(_final_states, scan, case), params, xs)
+        program = Program.of(functools.partial(final_states, scan, case), params, xs)
         return program, (params, xs), program.compiled(params, xs)
     scan = functools.partial(
         bppsa.scan, method=bppsa.FusedSequential(num_warps=num_warps), forward="sequential"
@@ -208,7 +197,7 @@ def _programs(case: Case, loop: str, num_warps: int | str) -> tuple[Program, tup
 def _reference(case: Case, loop: str) -> Any:
     params, xs = _problem(case)
     if loop == "forward":
-        return jax.jit(functools.partial(_final_states, jax.lax.scan, case))(params, xs)
+        return jax.jit(functools.partial(final_states, jax.lax.scan, case))(params, xs)
     return jax.jit(jax.grad(functools.partial(_loss, jax.lax.scan, case)))(params, xs)
 
 

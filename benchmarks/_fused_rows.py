@@ -23,22 +23,30 @@ import jax.numpy as jnp
 
 import bppsa
 from bppsa.models import (
+    CIFGLSTM,
     GRU,
     LSTM,
     RNN,
     DiagonalGRU,
+    IndRNN,
+    cifg_lstm_cell,
     diagonal_gru_cell,
     gru_cell,
+    indrnn_cell,
     lstm_cell,
     rnn_cell,
 )
 from experiments.timing import interleaved, ms_fields
 
+# The library's cells: dense (RNN, GRU, LSTM) and with independent lanes (the others, which the
+# fused kernels split into programs of lanes); the language model's layers scan these cells.
 CELLS = {
     "rnn": (RNN(), rnn_cell),
     "gru": (GRU(), gru_cell),
     "lstm": (LSTM(), lstm_cell),
+    "cifg-lstm": (CIFGLSTM(), cifg_lstm_cell),
     "diagonal-gru": (DiagonalGRU(), diagonal_gru_cell),
+    "indrnn": (IndRNN(), indrnn_cell),
 }
 FUSED = functools.partial(bppsa.scan, forward="fused")
 # the fused forward with one program per example, for cells whose lanes the kernel splits

@@ -23,31 +23,8 @@ import jax
 import jax.numpy as jnp
 
 import bppsa
-from bppsa.models import (
-    CIFGLSTM,
-    GRU,
-    LSTM,
-    RNN,
-    DiagonalGRU,
-    IndRNN,
-    cifg_lstm_cell,
-    diagonal_gru_cell,
-    gru_cell,
-    indrnn_cell,
-    lstm_cell,
-    rnn_cell,
-)
+from benchmarks._fused_rows import CELLS
 
-# The library's cells: dense (RNN, GRU, LSTM) and with independent lanes (the others, which the
-# kernels split into programs of lanes). The language model's layers scan these cells.
-CELLS: dict[str, tuple[Any, Callable]] = {
-    "rnn": (RNN(), rnn_cell),
-    "gru": (GRU(), gru_cell),
-    "lstm": (LSTM(), lstm_cell),
-    "cifg-lstm": (CIFGLSTM(), cifg_lstm_cell),
-    "diagonal-gru": (DiagonalGRU(), diagonal_gru_cell),
-    "indrnn": (IndRNN(), indrnn_cell),
-}
 LOOPS = ("forward", "backward")
 LENGTH = 1000
 BATCH = 16
