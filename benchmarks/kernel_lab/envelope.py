@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import bppsa
+
 
 def spills(row: dict[str, Any]) -> bool:
     """Whether the kernel of ``row`` spills (or cannot be compiled without spilling)."""
@@ -59,10 +61,15 @@ def admitted(
     """The program of ``listed`` that launches ``row``'s kernel when the warps are left to the
     profile: the first whose limits hold it (``None``: refused)."""
     for program in listed:
-        _, tile, resident = program
-        if row["tile"] <= tile and row["resident"] <= resident:
+        if holds(program, row):
             return program
     return None
+
+
+def holds(program: tuple[int, int, int], row: dict[str, Any]) -> bool:
+    """Whether ``program``'s limits hold ``row``'s kernel, by the library's own rule
+    (:meth:`bppsa.FusedProgram.holds`)."""
+    return bppsa.FusedProgram(*program).holds(row["tile"], row["resident"]) is None
 
 
 def step_estimates(

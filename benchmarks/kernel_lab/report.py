@@ -60,11 +60,10 @@ def admitted_spills(rows: Sequence[dict[str, Any]], arch: int = 90) -> list[dict
     for row in rows:
         if row["arch"] != arch:
             continue
-        for count, tile, resident in programs:
+        for program in programs:
             if (
-                row["num_warps"] == count
-                and row["tile"] <= tile
-                and row["resident"] <= resident
+                row["num_warps"] == program[0]
+                and envelope.holds(program, row)
                 and envelope.spills(row)
             ):
                 bad.append(row)
