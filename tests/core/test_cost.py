@@ -125,6 +125,22 @@ def rnn_grad_plan(profile, length, hidden=20):
     return plan
 
 
+def assert_priced_at(latency, fp, forward_step, profile):
+    """Both fused loops of ``fp`` (its forward's plan estimating ``forward_step``) cost their
+    steps at ``latency`` each on ``profile``: ``FusedSequential()``'s ``T`` steps save the
+    step latency less it, and ``Fused()``'s forward is ``T`` of it over the arithmetic."""
+    predicted = bppsa.FusedSequential().cost(fp)
+    saved = fp.length * (profile.rates.step_latency - latency)
+    plain = cost.Cost.seconds(predicted, profile)
+    assert predicted.seconds(profile) == pytest.approx(plain - saved, rel=1e-12)
+    stepped = dataclasses.replace(fp, fused_forward_step=forward_step)
+    work = cost.sequential_forward(fp)
+    arithmetic = cost.Cost(0, work.flops, work.bytes).seconds(profile)
+    assert cost.fused_forward(stepped, profile) == pytest.approx(
+        fp.length * latency + arithmetic, rel=1e-12
+    )
+
+
 def test_a_fused_loop_is_priced_at_the_estimate_of_the_program_its_plan_launches():
     """Two programs: the RNN at H = 20 (1088 resident entries in its forward's loop, 1056 in
     its backward's) runs in the first, at its 0.3 us a step; at H = 64 (over 4096) in the
@@ -138,16 +154,7 @@ def test_a_fused_loop_is_priced_at_the_estimate_of_the_program_its_plan_launches
         assert forward.loop.program == program and forward.step_latency == program.step_latency
         fp = checked_footprint(problem, profile)
         assert (fp.fused_backward, fp.fused_backward_step) == (None, program.step_latency)
-        predicted = bppsa.FusedSequential().cost(fp)
-        saved = fp.length * (profile.rates.step_latency - program.step_latency)
-        plain = cost.Cost.seconds(predicted, profile)
-        assert predicted.seconds(profile) == pytest.approx(plain - saved, rel=1e-12)
-        stepped = dataclasses.replace(fp, fused_forward_step=forward.step_latency)
-        work = cost.sequential_forward(fp)
-        arithmetic = cost.Cost(0, work.flops, work.bytes).seconds(profile)
-        assert cost.fused_forward(stepped, profile) == pytest.approx(
-            fp.length * program.step_latency + arithmetic, rel=1e-12
-        )
+        assert_priced_at(program.step_latency, fp, forward.step_latency, profile)
     # A footprint of numbers has no plan: the slowest of the programs' estimates.
     assert cost.fused_step(profile) == LARGE.step_latency
     numbers = bppsa.FusedSequential().cost(footprint(64))
@@ -185,16 +192,7 @@ def test_a_measured_fused_step_latency_wins_over_the_estimates():
     fp = checked_footprint(problem, measured)
     assert fp.fused_backward_step == SMALL.step_latency  # the plan's, overridden below
     assert cost.fused_step(measured, SMALL.step_latency) == 2e-6 == cost.fused_step(measured)
-    predicted = bppsa.FusedSequential().cost(fp)
-    saved = fp.length * (measured.rates.step_latency - 2e-6)
-    plain = cost.Cost.seconds(predicted, measured)
-    assert predicted.seconds(measured) == pytest.approx(plain - saved, rel=1e-12)
-    stepped = dataclasses.replace(fp, fused_forward_step=SMALL.step_latency)
-    work = cost.sequential_forward(fp)
-    arithmetic = cost.Cost(0, work.flops, work.bytes).seconds(measured)
-    assert cost.fused_forward(stepped, measured) == pytest.approx(
-        fp.length * 2e-6 + arithmetic, rel=1e-12
-    )
+    assert_priced_at(2e-6, fp, SMALL.step_latency, measured)
     # Without estimates on the programs, the measured rate alone rates the profile.
     assert cost.fused_step(with_fused(SM90_ENVELOPE[0], fused_step_latency=2e-6)) == 2e-6
 
