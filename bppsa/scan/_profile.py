@@ -257,8 +257,10 @@ class Kernels:
             sm_90a's envelope without the estimates, so that the interpreter runs the cases a
             device would and the cost model prices no fused loop there.
         fused_backend: the fused loops' kernel backend (``"triton"``: Pallas' Triton backend,
-            whose kernels run in Pallas' interpreter on the CPU); ``None``: the platform has
-            none, and the fused loops run in ``lax.scan``.
+            whose kernels run in Pallas' interpreter on the CPU; ``"mosaic_gpu"``: Pallas'
+            Mosaic GPU backend, tensor cores on sm_90 and newer, with its own envelope, run in
+            Mosaic GPU's interpreter on the CPU where JAX has it, docs/fused.md); ``None``:
+            the platform has none, and the fused loops run in ``lax.scan``.
         fused_num_stages, fused_lanes: the fused kernels' launch: the compiler's pipelining
             stages, and lanes of the carry per program where they are independent (``None``:
             one program per example).

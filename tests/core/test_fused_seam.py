@@ -81,7 +81,8 @@ def test_only_the_backend_modules_import_pallas_backends():
         text = path.read_text()
         if path.name != "triton.py":
             assert "pallas.triton" not in text and "pallas import triton" not in text, path
-            assert "pallas.mosaic_gpu" not in text, path
+        if path.name != "mosaic_gpu.py":
+            assert "pallas.mosaic_gpu" not in text and "import mosaic_gpu" not in text, path
 
 
 def _containers() -> dict:

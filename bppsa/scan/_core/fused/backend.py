@@ -85,11 +85,20 @@ class Backend(abc.ABC):
             ``fused_backend``).
         platform: the platform JAX lowers its kernels for (``lax.platform_dependent``'s).
         interpret: whether its kernels run in Pallas' interpreter.
+        tiles: whether it runs a carry's independent lanes as a grid of tiles
+            (:mod:`~bppsa.scan._core.fused.lanes`); ``False``: one launch holds them all.
+        vmap_outside: whether ``jax.vmap`` must map each platform's branch rather than the
+            choice between them (its interpreter has effects a batched choice cannot take).
+        own_kernel: whether it builds its own kernel (:meth:`carries_after`) rather than
+            Pallas' generic loop (:func:`bppsa.scan._core.fused.kernel.carries_after`).
     """
 
     name: ClassVar[str]
     platform: ClassVar[str]
     interpret: ClassVar[bool] = False
+    tiles: ClassVar[bool] = True  # whether it runs independent lanes as tiles (lanes=)
+    vmap_outside: ClassVar[bool] = False  # whether jax.vmap maps each platform's branch
+    own_kernel: ClassVar[bool] = False  # whether it runs its own kernel (carries_after)
 
     @abc.abstractmethod
     def missing(self) -> str | None:
@@ -131,6 +140,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def compiler_params(self, launch: Launch) -> Any:
         """``pallas_call``'s ``compiler_params`` for ``launch``."""
+
+    def carries_after(self, split: Split, length: int, init, constants, steps, **options):
+        """The carry leaves after every step from this backend's own kernel, where it has one
+        (``own_kernel``; :func:`bppsa.scan._core.fused.kernel.carries_after`'s contract and
+        options); the others run Pallas' generic loop there."""
+        raise NotImplementedError(f"{self!r} runs Pallas' generic loop (own_kernel is False)")
+
+    def interpretable(self) -> bool:
+        """Whether its kernels can run in an interpreter on the CPU with this JAX (else the
+        loops run ``lax.scan`` there)."""
+        return True
+
+    def programs(self, kernels: Kernels) -> tuple[FusedProgram, ...]:
+        """The envelope its loops are held to: the profile's ``fused_programs`` by default."""
+        return kernels.fused_programs
 
     def footprint(self, loop: Split | Tiled) -> Footprint:
         """The tile and resident entries of ``loop``'s recurrence after this backend's padding."""
@@ -193,6 +217,32 @@ class Interpreted(Backend):
     def compiler_params(self, launch):
         return None  # the interpreter takes none
 
+    def carries_after(self, split, length, init, constants, steps, **options):
+        # the compiled backend's kernel, run by its interpreter
+        return type(self.compiled).carries_after(
+            self, split, length, init, constants, steps, **options
+        )
+
+    @property
+    def tiles(self):
+        return self.compiled.tiles
+
+    @property
+    def own_kernel(self):
+        return self.compiled.own_kernel
+
+    def interpretable(self):
+        return self.compiled.interpretable()
+
+    def programs(self, kernels):
+        return self.compiled.programs(kernels)
+
+    def footprint(self, loop):
+        return self.compiled.footprint(loop)
+
+    def unsupported_loop(self, loop):
+        return self.compiled.unsupported_loop(loop)
+
     def __eq__(self, other):
         return isinstance(other, Interpreted) and other.compiled == self.compiled
 
@@ -216,13 +266,12 @@ def check_options(owner: str, num_warps: int | str, lanes: int | str | None) -> 
 
 
 def program_of(
-    footprint: Footprint, kernels: Kernels, num_warps: int | str = AUTO
+    footprint: Footprint, programs: Sequence[FusedProgram], num_warps: int | str = AUTO
 ) -> FusedProgram | str:
-    """The program of ``kernels.fused_programs`` a loop of ``footprint`` runs in, or why none
-    holds it. ``num_warps="auto"``: the first that holds it (the fewest warps); a number: the
-    envelope of the listed program of that many warps, else of the largest with fewer (the
-    first where none has fewer)."""
-    programs = kernels.fused_programs
+    """The program of ``programs`` (a backend's envelope: :meth:`Backend.programs`) a loop
+    of ``footprint`` runs in, or why none holds it. ``num_warps="auto"``: the first that
+    holds it (the fewest warps); a number: the envelope of the listed program of that many
+    warps, else of the largest with fewer (the first where none has fewer)."""
     if num_warps == AUTO:
         for program in programs:
             if program.holds(footprint.tile, footprint.resident) is None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from jax import lax
 
 from bppsa.scan._core.fused.backend import Backend, Interpreted
+from bppsa.scan._core.fused.mosaic_gpu import MosaicGPU
 from bppsa.scan._core.fused.triton import Triton
 
-BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (Triton(),)}
+BACKENDS: dict[str, Backend] = {backend.name: backend for backend in (Triton(), MosaicGPU())}
 
 
 def backend_named(name: str | None) -> Backend | str:
@@ -33,12 +35,43 @@ def backend_named(name: str | None) -> Backend | str:
 
 def runners(backend: Backend) -> dict[str, Backend]:
     """The platforms ``backend``'s kernels run on, and as what: compiled on its own, in
-    Pallas' interpreter on the CPU."""
+    Pallas' interpreter on the CPU (where this JAX has one for it)."""
+    if not backend.interpretable():
+        return {backend.platform: backend}
     return {backend.platform: backend, "cpu": Interpreted(backend)}
 
 
 def dispatch(backend: Backend, kernel: Callable[[Backend], Callable], scanned: Callable, *args):
     """``kernel(runner)(*args)`` on the platforms of :func:`runners`, ``scanned(*args)`` (the
-    same recurrence in ``lax.scan``) on every other, chosen when the program is lowered."""
+    same recurrence in ``lax.scan``) on every other, chosen when the program is lowered.
+
+    Where a runner has effects that ``jax.vmap`` cannot take through a choice of branches
+    (``vmap_outside``: Mosaic GPU's interpreter calls back into Python), ``jax.vmap`` maps
+    each branch inside the choice instead (:func:`_mapped_inside`)."""
     branches: dict[str, Any] = {p: kernel(b) for p, b in runners(backend).items()}
-    return lax.platform_dependent(*args, default=scanned, **branches)
+    if not backend.vmap_outside:
+        return lax.platform_dependent(*args, default=scanned, **branches)
+    return _mapped_inside(branches, scanned)(*args)
+
+
+def _mapped_inside(branches: dict[str, Callable], default: Callable) -> Callable:
+    """``lax.platform_dependent`` of ``branches`` (``default`` elsewhere) whose batching maps
+    every branch (each ``jax.vmap``-ed over the batched arguments) rather than the choice."""
+
+    @jax.custom_batching.custom_vmap
+    def chosen(args):
+        return lax.platform_dependent(*args, default=default, **branches)
+
+    @chosen.def_vmap
+    def _(axis_size, in_batched, args):
+        (batched,) = in_batched
+        axes = (jax.tree.map(lambda b: 0 if b else None, batched),)
+
+        def mapped(f):
+            return jax.vmap(lambda *a: f(*a), in_axes=axes[0], axis_size=axis_size)
+
+        inner = _mapped_inside({p: mapped(b) for p, b in branches.items()}, mapped(default))
+        out = inner(*args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return lambda *args: chosen(list(args))

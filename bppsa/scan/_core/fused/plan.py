@@ -69,6 +69,10 @@ class Loop:
 
     @property
     def interpreted(self) -> Loop:
+        """This loop run by its backend's interpreter on the CPU (by the backend itself where
+        this JAX has no interpreter for it: built, never run, there)."""
+        if self.backend.interpret or not self.backend.interpretable():
+            return self
         return self.on(Interpreted(self.backend))
 
     @property
@@ -113,12 +117,12 @@ def plan_loop(
     backend = backend_of(kernels)
     if isinstance(backend, str):
         return backend
-    tiled = split_lanes(split, lanes_of(kernels, lanes))
+    tiled = split_lanes(split, lanes_of(kernels, lanes)) if backend.tiles else None
     target = split if tiled is None else tiled
     reason = backend.unsupported_loop(target)
     if reason is not None:
         return reason
-    program = program_of(backend.footprint(target), kernels, num_warps)
+    program = program_of(backend.footprint(target), backend.programs(kernels), num_warps)
     if isinstance(program, str):  # beyond the envelope
         return program
     launch = launch_of(kernels, program, num_warps, lanes, backward)

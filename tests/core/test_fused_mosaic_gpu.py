@@ -1,0 +1,252 @@
+"""The fused loops on Pallas' Mosaic GPU backend: lowered for an abstract H200 (every JAX the
+package admits), run in Mosaic GPU's own interpreter where this JAX has it (the newest:
+``make test-newest-jax``), refusals named, and the 3xTF32 split of its products."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax._src.mesh import AbstractDevice, AbstractMesh
+
+import bppsa
+from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.scan._core.fused import mosaic_gpu
+
+H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
+CELLS = {"rnn": (RNN, rnn_cell, 1), "gru": (GRU, gru_cell, 1), "lstm": (LSTM, lstm_cell, 2)}
+INTERPRETER = mosaic_gpu.interpreter() is not None
+
+
+@pytest.fixture
+def on_mosaic():
+    """Every platform's profile names Mosaic GPU as the fused backend (restored after)."""
+    for platform in ("cpu", "gpu", "cuda"):
+        profile = bppsa.get_profile(platform)
+        kernels = dataclasses.replace(profile.kernels, fused_backend="mosaic_gpu")
+        bppsa.set_profile(platform, dataclasses.replace(profile, kernels=kernels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bppsa.FallbackWarning)
+        yield
+    for platform in ("cpu", "gpu", "cuda"):
+        bppsa.set_profile(platform, None)
+
+
+def _cell(name, hidden):
+    model, cell, leaves = CELLS[name]
+    params = model().init(3, hidden, key=jax.random.key(0))
+
+    def body(h, x):
+        return cell(params, h, x), 0.0
+
+    def init(*batch):
+        keys = jax.random.split(jax.random.key(1), leaves)
+        state = [jax.random.normal(k, (*batch, hidden)) for k in keys]
+        return state[0] if leaves == 1 else tuple(state)
+
+    return body, init
+
+
+def _loss(scan, body, reverse=False):
+    def loss(init, xs):
+        final, _ = scan(body, init, xs, reverse=reverse)
+        return sum(jnp.sum(jnp.sin(leaf)) for leaf in jax.tree.leaves(final))
+
+    return loss
+
+
+def _fused(body, init, xs, reverse=False):
+    return bppsa.scan(body, init, xs, reverse=reverse, forward="fused", method="fused_sequential")
+
+
+def _lowered(fn, *args) -> str:
+    mesh = AbstractMesh(
+        (1,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,), abstract_device=H200
+    )
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize(
+    "name, hidden, batch, reverse",
+    [
+        ("rnn", 20, 16, False),
+        ("gru", 20, 16, False),
+        ("lstm", 20, 16, True),
+        ("rnn", 128, 16, False),
+        ("lstm", 64, None, False),
+    ],
+)
+def test_the_loops_lower_to_one_mosaic_gpu_kernel_each(on_mosaic, name, hidden, batch, reverse):
+    body, init = _cell(name, hidden)
+    shape = () if batch is None else (batch,)
+    xs = jnp.ones((*shape, 9, 3))
+    loss = _loss(_fused, body, reverse)
+    grad = jax.grad(loss) if batch is None else jax.grad(lambda i, x: jnp.sum(jax.vmap(loss)(i, x)))
+    text = _lowered(grad, init(*shape), xs)
+    # the forward's kernel and the backward's, and no loop outside a kernel
+    assert text.count("bppsa_fused_forward") >= 1 and text.count("bppsa_fused_backward") >= 1
+    assert "mosaic_gpu" in text and "stablehlo.while" not in text
+
+
+@pytest.mark.parametrize(
+    "name, hidden, reason",
+    [
+        ("gru", 128, "shared memory"),
+        ("lstm", 128, "shared memory"),
+    ],
+)
+def test_loops_past_a_block_are_refused_naming_shared_memory(on_mosaic, name, hidden, reason):
+    body, init = _cell(name, hidden)
+    with pytest.warns(bppsa.FallbackWarning, match=reason):
+        warnings.simplefilter("default", bppsa.FallbackWarning)
+        bppsa.scan(body, init(), jnp.ones((4, 3)), forward="fused")
+
+
+def test_a_primitive_outside_the_table_is_refused_by_name(on_mosaic):
+    w = jax.random.normal(jax.random.key(0), (20, 20))
+
+    def body(h, x):
+        return jnp.sin(h @ w) + x, 0.0
+
+    with pytest.warns(bppsa.FallbackWarning, match="sin"):
+        warnings.simplefilter("default", bppsa.FallbackWarning)
+        bppsa.scan(body, jnp.zeros(20), jnp.ones((4, 20)), forward="fused")
+
+
+def test_the_3xtf32_split_recovers_float32_products():
+    """hi(x) hi(W) + hi(x) lo(W) + lo(x) hi(W), each factor rounded as the tensor cores round
+    TF32 operands, is as close to the float64 product as a float32 product; one TF32 product
+    is not."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((128, 96)), jnp.float32)
+    exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    hi_x, lo_x = mosaic_gpu.split_tf32(x)
+    hi_w, lo_w = mosaic_gpu.split_tf32(w)
+    bits = np.asarray(lax.bitcast_convert_type(hi_x, jnp.int32))
+    assert np.all(bits & 0x1FFF == 0)  # 10 bits of mantissa left
+    np.testing.assert_array_equal(np.asarray(hi_x + lo_x), np.asarray(x))  # exact split
+
+    def tensor_core(a, b):  # TF32 operands, float32 accumulation
+        t = mosaic_gpu.tf32
+        return jnp.dot(t(a), t(b), precision="highest")
+
+    three = tensor_core(hi_x, hi_w) + tensor_core(hi_x, lo_w) + tensor_core(lo_x, hi_w)
+    one = tensor_core(x, w)
+    full = jnp.dot(x, w, precision="highest")
+    err = {
+        k: np.max(np.abs(np.asarray(v, np.float64) - exact))
+        for k, v in {"three": three, "one": one, "float32": full}.items()
+    }
+    assert err["three"] < 4 * err["float32"]
+    assert err["one"] > 100 * err["float32"]
+
+
+def test_shared_memory_counts_the_matrices_twice_at_full_precision():
+    from bppsa.scan._core.fused.split import split_step
+
+    w = jnp.zeros((64, 64))
+
+    def step(carry, x, consts):
+        (h,), (xt,), (wt,) = carry, x, consts
+        return [jnp.tanh(h @ wt + xt)], []
+
+    leaf = jax.ShapeDtypeStruct((64,), jnp.float32)
+    split = split_step(step, [leaf], [leaf], [jax.ShapeDtypeStruct(w.shape, w.dtype)])
+    # W (hi, lo) 2 x 64 x 64, the carry's buffer 64 x 64, the staged operand (hi, lo)
+    assert mosaic_gpu.shared_bytes(split) == 4 * (2 * 64 * 64 + 64 * 64 + 2 * 64 * 64)
+
+
+needs_interpreter = pytest.mark.skipif(
+    not INTERPRETER, reason="Mosaic GPU's interpreter is in JAX 0.12 and later"
+)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "name, hidden, batch, reverse",
+    [
+        ("rnn", 20, 16, False),
+        ("gru", 20, 16, True),
+        ("lstm", 20, 16, False),
+        ("rnn", 20, 64, False),
+        ("rnn", 128, 16, False),
+        ("lstm", 64, 16, False),
+        ("gru", 20, None, False),
+    ],
+)
+def test_the_interpreted_kernels_equal_lax_scan_and_bp(on_mosaic, name, hidden, batch, reverse):
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+    body, init = _cell(name, hidden)
+    shape = () if batch is None else (batch,)
+    xs = jax.random.normal(jax.random.key(2), (*shape, 7, 3))
+    state = init(*shape)
+    calls = []
+    real = mosaic_gpu._RowsKernel.__call__
+
+    def counted(self, *args):
+        calls.append(self.reverse)
+        return real(self, *args)
+
+    mosaic_gpu._RowsKernel.__call__ = counted
+    try:
+        ours = jax.value_and_grad(_batched(_loss(_fused, body, reverse), batch), (0, 1))
+        theirs = jax.value_and_grad(_batched(_loss(lax.scan, body, reverse), batch), (0, 1))
+        got, want = ours(state, xs), theirs(state, xs)
+    finally:
+        mosaic_gpu._RowsKernel.__call__ = real
+    assert sorted(set(calls)) == [False, True]  # the forward's kernel and the backward's ran
+    assert not interpret_pallas_call.get_races().races_found
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def _batched(loss, batch):
+    if batch is None:
+        return loss
+    return lambda i, x: jnp.sum(jax.vmap(loss)(i, x))
+
+
+@needs_interpreter
+def test_a_user_cell_with_a_transposed_product_runs_in_the_interpreter(on_mosaic):
+    """An unseen cell (``W h`` rather than ``h W``, a division, a literal) equals lax.scan."""
+    k = jax.random.split(jax.random.key(3), 2)
+    w = jax.random.normal(k[0], (24, 24)) / 5
+    xs = jax.random.normal(k[1], (16, 6, 24))
+
+    def body(h, x):
+        return jnp.tanh(w @ h) / (1.5 + jnp.exp(-x)) + 0.25 * h, h
+
+    got = jax.vmap(lambda x: bppsa.scan(body, jnp.zeros(24), x, forward="fused")[0])(xs)
+    want = jax.vmap(lambda x: lax.scan(body, jnp.zeros(24), x)[0])(xs)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dropped", ["wait_smem_to_gmem", "commit_smem", "barrier_wait"])
+def test_a_planted_missing_synchronisation_is_a_detected_race(on_mosaic, monkeypatch, dropped):
+    """Without the wait for the TMA copy out, the fence before the tensor cores read shared
+    memory, or the wait for the constants' copy in, Mosaic GPU's race detector fails the run."""
+    import types
+
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+
+    real = mosaic_gpu.plgpu
+    planted = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if k[:2] != "__"})
+    setattr(planted, dropped, lambda *args, **kwargs: None)
+    monkeypatch.setattr(mosaic_gpu, "plgpu", planted)
+    body, init = _cell("rnn", 20)
+    xs = jax.random.normal(jax.random.key(2), (16, 5, 3))
+    try:
+        with pytest.raises(Exception, match="RACE DETECTED"):
+            jax.block_until_ready(jax.vmap(lambda x: _fused(body, init(), x)[0])(xs))
+    finally:
+        interpret_pallas_call.gpu_callbacks.reset_gpu_interpret_mode_state()
