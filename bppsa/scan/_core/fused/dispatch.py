@@ -65,10 +65,10 @@ def _mapped_inside(branches: dict[str, Callable], default: Callable) -> Callable
     @chosen.def_vmap
     def _(axis_size, in_batched, args):
         (batched,) = in_batched
-        axes = (jax.tree.map(lambda b: 0 if b else None, batched),)
+        axes = jax.tree.map(lambda b: 0 if b else None, batched)
 
         def mapped(f):
-            return jax.vmap(lambda *a: f(*a), in_axes=axes[0], axis_size=axis_size)
+            return jax.vmap(f, in_axes=tuple(axes), axis_size=axis_size)
 
         inner = _mapped_inside({p: mapped(b) for p, b in branches.items()}, mapped(default))
         out = inner(*args)
