@@ -5,6 +5,7 @@ package admits), run in Mosaic GPU's own interpreter where this JAX has it (the 
 from __future__ import annotations
 
 import dataclasses
+import types
 import warnings
 
 import jax
@@ -17,6 +18,12 @@ from jax._src.mesh import AbstractDevice, AbstractMesh
 import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from bppsa.scan._core.fused import mosaic_gpu
+from bppsa.scan._core.fused.split import split_step
+
+try:  # Mosaic GPU's interpreter (private): its race detector's state
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+except ImportError:  # pragma: no cover - a JAX without it runs no interpreted test here
+    interpret_pallas_call = None
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
 CELLS = {"rnn": (RNN, rnn_cell, 1), "gru": (GRU, gru_cell, 1), "lstm": (LSTM, lstm_cell, 2)}
@@ -150,8 +157,6 @@ def test_the_3xtf32_split_recovers_float32_products():
 
 
 def test_shared_memory_counts_the_matrices_twice_at_full_precision():
-    from bppsa.scan._core.fused.split import split_step
-
     w = jnp.zeros((64, 64))
 
     def step(carry, x, consts):
@@ -161,7 +166,7 @@ def test_shared_memory_counts_the_matrices_twice_at_full_precision():
     leaf = jax.ShapeDtypeStruct((64,), jnp.float32)
     split = split_step(step, [leaf], [leaf], [jax.ShapeDtypeStruct(w.shape, w.dtype)])
     # W (hi, lo) 2 x 64 x 64, the carry's buffer 64 x 64, the staged operand (hi, lo)
-    assert mosaic_gpu.shared_bytes(split) == 4 * (2 * 64 * 64 + 64 * 64 + 2 * 64 * 64)
+    assert mosaic_gpu.Analysis(split).shared_bytes == 4 * (2 * 64 * 64 + 64 * 64 + 2 * 64 * 64)
 
 
 needs_interpreter = pytest.mark.skipif(
@@ -182,9 +187,9 @@ needs_interpreter = pytest.mark.skipif(
         ("gru", 20, None, False),
     ],
 )
-def test_the_interpreted_kernels_equal_lax_scan_and_bp(on_mosaic, name, hidden, batch, reverse):
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-
+def test_the_interpreted_kernels_equal_lax_scan_and_bp(
+    on_mosaic, monkeypatch, name, hidden, batch, reverse
+):
     body, init = _cell(name, hidden)
     shape = () if batch is None else (batch,)
     xs = jax.random.normal(jax.random.key(2), (*shape, 7, 3))
@@ -196,13 +201,10 @@ def test_the_interpreted_kernels_equal_lax_scan_and_bp(on_mosaic, name, hidden, 
         calls.append(self.reverse)
         return real(self, *args)
 
-    mosaic_gpu._RowsKernel.__call__ = counted
-    try:
-        ours = jax.value_and_grad(_batched(_loss(_fused, body, reverse), batch), (0, 1))
-        theirs = jax.value_and_grad(_batched(_loss(lax.scan, body, reverse), batch), (0, 1))
-        got, want = ours(state, xs), theirs(state, xs)
-    finally:
-        mosaic_gpu._RowsKernel.__call__ = real
+    monkeypatch.setattr(mosaic_gpu._RowsKernel, "__call__", counted)
+    ours = jax.value_and_grad(_batched(_loss(_fused, body, reverse), batch), (0, 1))
+    theirs = jax.value_and_grad(_batched(_loss(lax.scan, body, reverse), batch), (0, 1))
+    got, want = ours(state, xs), theirs(state, xs)
     assert sorted(set(calls)) == [False, True]  # the forward's kernel and the backward's ran
     assert not interpret_pallas_call.get_races().races_found
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
@@ -235,10 +237,6 @@ def test_a_user_cell_with_a_transposed_product_runs_in_the_interpreter(on_mosaic
 def test_a_planted_missing_synchronisation_is_a_detected_race(on_mosaic, monkeypatch, dropped):
     """Without the wait for the TMA copy out, the fence before the tensor cores read shared
     memory, or the wait for the constants' copy in, Mosaic GPU's race detector fails the run."""
-    import types
-
-    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-
     real = mosaic_gpu.plgpu
     planted = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if k[:2] != "__"})
     setattr(planted, dropped, lambda *args, **kwargs: None)
@@ -250,3 +248,73 @@ def test_a_planted_missing_synchronisation_is_a_detected_race(on_mosaic, monkeyp
             jax.block_until_ready(jax.vmap(lambda x: _fused(body, init(), x)[0])(xs))
     finally:
         interpret_pallas_call.gpu_callbacks.reset_gpu_interpret_mode_state()
+
+
+ELEMENTWISE = {
+    "neg": lambda a: -a,
+    "exp": jnp.exp,
+    "log": lambda a: jnp.log(1 + a * a),
+    "sqrt": lambda a: jnp.sqrt(1 + a * a),
+    "rsqrt": lambda a: lax.rsqrt(1 + a * a),
+    "abs": jnp.abs,
+    "sub": lambda a: a - 1.0,
+    "max": lambda a: jnp.maximum(a, 0.0),
+    "min": lambda a: jnp.minimum(a, 1.0),
+    "integer_pow": lambda a: a**3,
+    "square": lax.square,
+    "div": lambda a: a / 3.0,
+}
+
+
+@pytest.mark.parametrize("primitive", sorted(ELEMENTWISE))
+def test_each_elementwise_primitive_lowers_or_is_refused_by_name(on_mosaic, primitive):
+    """A primitive of the kernel's table lowers for the device where this JAX's Mosaic GPU
+    lowering has a rule for it (``sqrt`` has none in JAX 0.10), and is refused by name where
+    it has none: never a lowering error on the device."""
+    w = jnp.ones((24, 24)) / 24
+
+    def body(h, x):
+        return jnp.tanh(ELEMENTWISE[primitive](h @ w) + x), 0.0
+
+    def forward(xs):
+        return bppsa.scan(body, jnp.zeros(24), xs, forward="fused")[0]
+
+    xs = jnp.ones((5, 24))
+    if mosaic_gpu.has_rule(primitive):
+        text = _lowered(forward, xs)
+        assert "mosaic_gpu" in text and "stablehlo.while" not in text
+    else:
+        with pytest.warns(bppsa.FallbackWarning, match=f"{primitive} .no rule in this JAX"):
+            warnings.simplefilter("default", bppsa.FallbackWarning)
+            forward(xs)
+
+
+def _two_widths():
+    """A cell whose two carries (24 and 70 lanes) stage products of different widths."""
+    k = jax.random.split(jax.random.key(4), 2)
+    w1 = jax.random.normal(k[0], (24, 70)) / 6
+    w2 = jax.random.normal(k[1], (70, 24)) / 6
+
+    def body(carry, x):
+        a, b = carry
+        return (jnp.tanh(b @ w2 + x), jnp.tanh(a @ w1)), 0.0
+
+    return body, (jnp.zeros(24), jnp.zeros(70))
+
+
+def test_products_of_different_widths_lower(on_mosaic):
+    body, init = _two_widths()
+    text = _lowered(
+        jax.vmap(lambda x: bppsa.scan(body, init, x, forward="fused")[0]), jnp.ones((16, 5, 24))
+    )
+    assert "mosaic_gpu" in text and "stablehlo.while" not in text
+
+
+@needs_interpreter
+def test_products_of_different_widths_run_in_the_interpreter(on_mosaic):
+    body, init = _two_widths()
+    xs = jax.random.normal(jax.random.key(5), (16, 5, 24))
+    got = jax.vmap(lambda x: bppsa.scan(body, init, x, forward="fused")[0])(xs)
+    want = jax.vmap(lambda x: lax.scan(body, init, x)[0])(xs)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)

@@ -141,7 +141,19 @@ class Backend(abc.ABC):
     def compiler_params(self, launch: Launch) -> Any:
         """``pallas_call``'s ``compiler_params`` for ``launch``."""
 
-    def carries_after(self, split: Split, length: int, init, constants, steps, **options):
+    def carries_after(
+        self,
+        split: Split,
+        length: int,
+        init: Sequence[Any],
+        constants: Sequence[Any],
+        steps: Sequence[Any],
+        *,
+        launch: Launch,
+        reverse: bool = False,
+        name: str = "bppsa_fused_forward",
+        tiled: Tiled | None = None,
+    ) -> list[Any]:
         """The carry leaves after every step from this backend's own kernel, where it has one
         (``own_kernel``; :func:`bppsa.scan._core.fused.kernel.carries_after`'s contract and
         options); the others run Pallas' generic loop there."""

@@ -72,8 +72,17 @@ def carries_after(
             ``init``, ``constants`` and ``steps`` still whole.
     """
     if backend.own_kernel:  # a backend with a kernel of its own (Mosaic GPU's)
-        options = {"launch": launch, "reverse": reverse, "name": name, "tiled": tiled}
-        return backend.carries_after(split, length, init, constants, steps, **options)
+        return backend.carries_after(
+            split,
+            length,
+            init,
+            constants,
+            steps,
+            launch=launch,
+            reverse=reverse,
+            name=name,
+            tiled=tiled,
+        )
     source = split if tiled is None else tiled
     carry_in, carry_out = source.carry_in, source.carry_out
     shapes = [tuple(v.aval.shape) for v in carry_in]

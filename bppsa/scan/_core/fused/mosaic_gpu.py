@@ -43,6 +43,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
+from bppsa.scan._core import tracing
 from bppsa.scan._core.fused.backend import Backend, Footprint, Launch
 from bppsa.scan._core.jaxprs.walk import bind
 from bppsa.scan._profile import FusedProgram
@@ -58,20 +59,46 @@ PREFETCH_REGISTERS = 64  # registers a thread may hold for the next step's resid
 PROGRAMS = (FusedProgram(num_warps=4, max_tile=ROWS * MAX_COLUMNS, max_resident=SHARED_BYTES // 4),)
 
 _MISSING: str | None = None
+_RULES: frozenset[str] | None = None
+_INTERPRETER: Any = None
 try:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 except ImportError as err:  # pragma: no cover - JAX without it: the loops fall back, naming it
     pl = plgpu = None  # type: ignore[assignment]
     _MISSING = f"Pallas' Mosaic GPU backend cannot be imported here ({type(err).__name__}: {err})"
+else:
+    try:  # the primitives its lowering has a rule for, in the kernels' default semantics
+        from jax._src.pallas.mosaic_gpu import core as _core
+        from jax._src.pallas.mosaic_gpu import lowering as _lowering
 
-# Elementwise primitives the kernel runs on its register arrays (each lowers on JAX 0.10 and
-# 0.12 for an abstract H200: tests/fused/test_mosaic_gpu.py).
+        _semantics = (_core.CompilerParams().lowering_semantics, _core.PrimitiveSemantics.Warpgroup)
+        _RULES = frozenset(p.name for p in _lowering.mosaic_lowering_rules[_semantics])
+    except (ImportError, AttributeError, KeyError, TypeError) as err:  # pragma: no cover
+        tracing.record_problem("fused", f"cannot read Pallas' Mosaic GPU lowering rules: {err}")
+    # Mosaic GPU's own interpreter (private); JAX 0.10's cannot run plgpu.load (checked on
+    # 0.10.2 and 0.12.1), so it counts from 0.12 on
+    if jax.__version_info__ >= (0, 12):
+        try:
+            from jax._src.pallas.mosaic_gpu.interpret.params import (
+                InterpretGPUParams as _INTERPRETER,
+            )
+        except ImportError:  # pragma: no cover - JAX moved it: the CPU runs lax.scan
+            _INTERPRETER = None
+
+# Elementwise primitives the kernel runs on its register arrays, where this JAX's Mosaic GPU
+# lowering has a rule for them (has_rule; tests/core/test_fused_mosaic_gpu.py lowers each).
 UNARY = frozenset({"neg", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "abs"})
 # Primitives that leave a vector as it is where its shape does not change: the value passes.
 IDENTITY = frozenset({"copy", "copy_p", "reshape", "reshard", "sharding_constraint", "pvary"})
 BINARY = frozenset({"add", "add_any", "sub", "mul", "div", "max", "min"})
 ELEMENTWISE = UNARY | BINARY | IDENTITY | {"integer_pow", "convert_element_type", "square"}
+
+
+def has_rule(name: str) -> bool:
+    """Whether Mosaic GPU's lowering has a rule for the primitive called ``name`` (``True``
+    where its table cannot be read)."""
+    return True if _RULES is None else name in _RULES
 
 
 def lanes(n: int) -> int:
@@ -102,8 +129,7 @@ def _product(eqn, constants) -> tuple[Any, Any, bool] | str:
     a, b = eqn.invars
     if batch_l or batch_r or len(contract_l) != 1:
         return "a product with batch axes or several contracting axes"
-    shapes = [getattr(v, "aval", None) for v in (a, b)]
-    if any(s is None for s in shapes):
+    if isinstance(a, Literal) or isinstance(b, Literal):
         return "a product with a literal operand"
     if len(a.aval.shape) == 1 and len(b.aval.shape) == 2 and b in constants:
         if tuple(contract_r) == (0,):
@@ -123,6 +149,14 @@ class Analysis:
         products: ``eqn -> (vector, matrix, transposed, full)`` of every product.
         matrices: the constant matrices, each ``(variable, transposed)`` once.
         vectors: the other constants (vectors).
+        full: whether any product runs at full precision (the matrices kept twice, hi and lo).
+        widest: lanes of the widest vector a product stages in shared memory.
+        shared_bytes: the shared memory the kernel uses: its matrices (twice at full
+            precision), a buffer of each carry, and one staged product operand (twice at full
+            precision).
+        prefetch: whether a step's residuals (and the vector constants) can be loaded during
+            the step before, held in registers (up to :data:`PREFETCH_REGISTERS` a thread);
+            else each step loads its own at its start.
     """
 
     def __init__(self, loop):
@@ -140,19 +174,23 @@ class Analysis:
         used = {m for m, _ in matrices}
         self.vectors = [v for v in loop.constant_residuals if v not in used]
         self.full = any(full for *_, full in self.products.values())
+        self.widest = max((lanes(v.aval.shape[-1]) for v, *_ in self.products.values()), default=0)
+        copies = 2 if self.full else 1
+        entries = sum(copies * lanes(k) * lanes(n) for k, n in (m.aval.shape for m, _ in matrices))
+        entries += ROWS * (
+            sum(lanes(v.aval.shape[-1]) for v in loop.carry_in) + copies * self.widest
+        )
+        self.shared_bytes = 4 * entries
+        held = [*loop.step_residuals, *self.vectors]
+        self.prefetch = (
+            sum(lanes(v.aval.shape[-1]) * ROWS // 128 for v in held) <= PREFETCH_REGISTERS
+        )
 
 
 def interpreter() -> Any | None:
     """Mosaic GPU's own interpreter's parameters (race detection on), or ``None`` where this
-    JAX has none that runs these kernels (it is private; JAX 0.10's cannot run ``plgpu.load``:
-    checked on 0.10.2 and 0.12.1)."""
-    if jax.__version_info__ < (0, 12):
-        return None
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    except ImportError:
-        return None
-    return InterpretGPUParams(detect_races=True)
+    JAX has none that runs these kernels."""
+    return None if _INTERPRETER is None else _INTERPRETER(detect_races=True)
 
 
 def _load(ref):
@@ -225,6 +263,9 @@ class MosaicGPU(Backend):
             return None  # checked with the loop's constants (unsupported_loop)
         if name not in ELEMENTWISE:
             return f"{name} (no rule in the Mosaic GPU kernel's table)"
+        lowered = "add" if name == "add_any" else name  # add_any runs as an add
+        if name not in IDENTITY and not has_rule(lowered):
+            return f"{name} (no rule in this JAX's Mosaic GPU lowering)"
         if name == "integer_pow" and eqn.params["y"] < 0:
             return "integer_pow with a negative power"
         if name in IDENTITY and eqn.invars[0].aval.shape != eqn.outvars[0].aval.shape:
@@ -257,7 +298,7 @@ class MosaicGPU(Backend):
                         f"a product of {n} columns (the widest wgmma is {MAX_COLUMNS}; wider "
                         "products are not split yet)"
                     )
-        used = shared_bytes(loop)
+        used = Analysis(loop).shared_bytes
         if used > SHARED_BYTES:
             return f"the loop keeps {used} bytes in shared memory (a block has {SHARED_BYTES})"
         return None
@@ -266,8 +307,9 @@ class MosaicGPU(Backend):
         return max((ROWS * lanes(v.aval.shape[-1]) for v in eqn.outvars if v.aval.shape), default=0)
 
     def footprint(self, loop) -> Footprint:
-        tile = max((self.largest_tile(eqn) for eqn in loop.recurrence), default=0)
-        return Footprint(int(tile), shared_bytes(loop) // 4)
+        # resident: its shared memory, in float32 entries (PROGRAMS' max_resident)
+        tile = super().footprint(loop).tile
+        return Footprint(tile, Analysis(loop).shared_bytes // 4)
 
     def run_equations(self, eqns, env, permuted=None, *, num_warps):
         raise NotImplementedError("the Mosaic GPU kernel evaluates its own equations")
@@ -278,8 +320,71 @@ class MosaicGPU(Backend):
     def compiler_params(self, launch: Launch):
         return None
 
-    def carries_after(self, split, length, init, constants, steps, **options):
-        return carries_after(split, length, init, constants, steps, backend=self, **options)
+    def carries_after(
+        self,
+        split,
+        length: int,
+        init: Sequence[Any],
+        constants: Sequence[Any],
+        steps: Sequence[Any],
+        *,
+        launch: Launch,
+        reverse: bool = False,
+        name: str = "bppsa_fused_forward",
+        tiled=None,
+    ) -> list[Any]:
+        """The carry leaves after every step, ``(T, *leaf)`` each, from one Mosaic GPU kernel
+        (:func:`bppsa.scan._core.fused.kernel.carries_after`'s contract; ``tiled`` must be
+        ``None``: this kernel runs the batch as rows, not tiles of lanes). Its interpreter
+        (``Interpreted``) runs it with Mosaic GPU's."""
+        if tiled is not None:
+            raise ValueError("the Mosaic GPU kernel runs no tiles of lanes")
+        interpret = None
+        if self.interpret:
+            interpret = interpreter()
+            if interpret is None:
+                raise NotImplementedError("this JAX has no Mosaic GPU interpreter")
+        kernel = _RowsKernel(split, length, reverse, launch.prefetch, name, interpret)
+        ni, nk = len(init), len(constants)
+
+        @jax.custom_batching.custom_vmap
+        def by_rows(args):
+            return kernel(args[:ni], args[ni : ni + nk], args[ni + nk :])
+
+        @by_rows.def_vmap
+        def _(axis_size, in_batched, args):
+            (batched,) = in_batched
+            if any(batched[ni : ni + nk]):  # constants that differ by example: a launch each
+                whole = [
+                    a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                    for a, b in zip(args, batched)
+                ]
+                outs = lax.map(by_rows, whole)
+                return outs, [True] * len(outs)
+            moved = []
+            for i, (a, b) in enumerate(zip(args, batched)):
+                if ni <= i < ni + nk:
+                    moved.append(a)
+                    continue
+                if i < ni:  # (B, R, n) -> (B R, n)
+                    a = a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
+                    moved.append(a.reshape(-1, a.shape[-1]))
+                    continue
+                # (B, T, R, n) -> (T, B R, n)
+                a = (
+                    jnp.moveaxis(a, 0, 1)
+                    if b
+                    else jnp.broadcast_to(a[:, None], (a.shape[0], axis_size, *a.shape[1:]))
+                )
+                moved.append(a.reshape(a.shape[0], -1, a.shape[-1]))
+            outs = by_rows(moved)
+            outs = [
+                jnp.moveaxis(o.reshape(o.shape[0], axis_size, -1, o.shape[-1]), 1, 0) for o in outs
+            ]
+            return outs, [True] * len(outs)
+
+        outs = by_rows([*(x[None] for x in init), *constants, *(s[:, None] for s in steps)])
+        return [o[:, 0] for o in outs]
 
     def __eq__(self, other):
         return type(other) is MosaicGPU
@@ -291,107 +396,18 @@ class MosaicGPU(Backend):
         return "MosaicGPU()"
 
 
-def shared_bytes(loop) -> int:
-    """Bytes of shared memory the kernel of ``loop`` uses: its matrices (twice at full
-    precision), a buffer of each carry, and one staged product operand (twice at full
-    precision)."""
-    analysis = Analysis(loop)
-    copies = 2 if analysis.full else 1
-    total = sum(
-        copies * lanes(k) * lanes(n) for k, n in (m.aval.shape for m, _ in analysis.matrices)
-    )
-    vector = [v.aval.shape[-1] for v in loop.carry_in]
-    widest = max((lanes(v.aval.shape[-1]) for v, *_ in analysis.products.values()), default=0)
-    total += ROWS * (sum(lanes(n) for n in vector) + copies * widest)
-    return 4 * total
-
-
-def prefetched(loop) -> bool:
-    """Whether the kernel of ``loop`` loads a step's residuals (and its vector constants)
-    during the step before (held in registers: up to :data:`PREFETCH_REGISTERS` a thread),
-    else at the step's start."""
-    vectors = [*loop.step_residuals, *Analysis(loop).vectors]
-    held = sum(lanes(v.aval.shape[-1]) * ROWS // 128 for v in vectors)
-    return held <= PREFETCH_REGISTERS
-
-
-def carries_after(
-    split,
-    length: int,
-    init: Sequence[Any],
-    constants: Sequence[Any],
-    steps: Sequence[Any],
-    *,
-    backend: Backend,
-    launch: Launch,
-    reverse: bool = False,
-    name: str = "bppsa_fused_forward",
-    tiled=None,
-) -> list[Any]:
-    """The carry leaves after every step, ``(T, *leaf)`` each, from one Mosaic GPU kernel
-    (:func:`bppsa.scan._core.fused.kernel.carries_after`'s contract; ``tiled`` must be
-    ``None``: this kernel runs the batch as rows, not tiles of lanes)."""
-    if tiled is not None:
-        raise ValueError("the Mosaic GPU kernel runs no tiles of lanes")
-    interpret = None
-    if backend.interpret:
-        interpret = interpreter()
-        if interpret is None:
-            raise NotImplementedError("this JAX has no Mosaic GPU interpreter")
-    kernel = _RowsKernel(split, Analysis(split), length, reverse, launch.prefetch, interpret)
-    kernel.name = name
-    ni, nk = len(init), len(constants)
-
-    @jax.custom_batching.custom_vmap
-    def by_rows(args):
-        return kernel(args[:ni], args[ni : ni + nk], args[ni + nk :])
-
-    @by_rows.def_vmap
-    def _(axis_size, in_batched, args):
-        (batched,) = in_batched
-        if any(batched[ni : ni + nk]):  # constants that differ by example: a launch each
-            whole = [
-                a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
-                for a, b in zip(args, batched)
-            ]
-            outs = lax.map(by_rows, whole)
-            return outs, [True] * len(outs)
-        moved = []
-        for i, (a, b) in enumerate(zip(args, batched)):
-            if ni <= i < ni + nk:
-                moved.append(a)
-                continue
-            if i < ni:  # (B, R, n) -> (B R, n)
-                a = a if b else jnp.broadcast_to(a, (axis_size, *a.shape))
-                moved.append(a.reshape(-1, a.shape[-1]))
-                continue
-            # (B, T, R, n) -> (T, B R, n)
-            a = (
-                jnp.moveaxis(a, 0, 1)
-                if b
-                else jnp.broadcast_to(a[:, None], (a.shape[0], axis_size, *a.shape[1:]))
-            )
-            moved.append(a.reshape(a.shape[0], -1, a.shape[-1]))
-        outs = by_rows(moved)
-        outs = [jnp.moveaxis(o.reshape(o.shape[0], axis_size, -1, o.shape[-1]), 1, 0) for o in outs]
-        return outs, [True] * len(outs)
-
-    outs = by_rows([*(x[None] for x in init), *constants, *(s[:, None] for s in steps)])
-    return [o[:, 0] for o in outs]
-
-
 class _RowsKernel:
     """One launch of the loop for ``R`` rows (examples): ``init`` ``(R, n)`` each, ``steps``
     ``(T, R, n)`` each; returns the carries after every step, ``(T, R, n)`` each."""
 
-    def __init__(self, split, analysis, length, reverse, prefetch, interpret):
+    def __init__(self, split, length, reverse, prefetch, name, interpret):
         self.split = split
-        self.analysis = analysis
+        self.analysis = Analysis(split)
         self.length = length
         self.reverse = reverse
-        self.prefetch = prefetch and prefetched(split)
+        self.prefetch = prefetch and self.analysis.prefetch
+        self.name = name
         self.interpret = interpret
-        self.name = "bppsa_fused_forward"
 
     def __call__(self, init, constants, steps):
         split, analysis, length = self.split, self.analysis, self.length
@@ -420,7 +436,7 @@ class _RowsKernel:
         out_type = [
             jax.ShapeDtypeStruct((length, padded_rows, n), jnp.float32) for n in carry_lanes
         ]
-        widest = max((lanes(v.aval.shape[-1]) for v, *_ in analysis.products.values()), default=0)
+        widest = analysis.widest
         scratch = [
             *(_smem(m.shape) for m in matrices),
             *(_smem((ROWS, n)) for n in carry_lanes),
