@@ -42,6 +42,25 @@ if TYPE_CHECKING:
     from bppsa.scan._core.problem import Problem
 
 
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """A scan as a choosing policy sees it: :meth:`Choosing.choose`'s arguments (``fused``:
+    its ``fused_backward``; ``fused_step``: the static estimate of a step of
+    ``FusedSequential()``'s loop, its plan's program's, a footprint's ``fused_backward_step``;
+    ``None``: no plan)."""
+
+    length: int
+    size: int
+    batch: int
+    element: int | None
+    inputs: int
+    single: bool
+    width: int | None
+    jacobians: bool
+    fused: bool
+    fused_step: float | None = None
+
+
 class Choosing(policy.Policy):
     """A policy that picks a method from a scan's footprint by a profile (:meth:`pick`), then
     holds it to the memory limit (the memory guard's first lower-memory method that fits) and
@@ -55,25 +74,8 @@ class Choosing(policy.Policy):
         return self.profile or backend_profile
 
     @abc.abstractmethod
-    def pick(
-        self,
-        profile: Profile,
-        length,
-        size,
-        batch,
-        element,
-        inputs,
-        single,
-        width,
-        jacobians,
-        fused,
-        *,
-        fused_step: float | None = None,
-    ) -> Method:
-        """The method for a scan (no memory limit) by ``profile``; the arguments as for
-        :meth:`Auto.choose` (``fused``: its ``fused_backward``; ``fused_step``: the static
-        estimate of a step of ``FusedSequential()``'s loop, its plan's program's, a
-        footprint's ``fused_backward_step``; ``None``: no plan)."""
+    def pick(self, profile: Profile, question: Question) -> Method:
+        """The method for the scan of ``question`` (no memory limit) by ``profile``."""
 
     def choose(
         self,
@@ -123,18 +125,10 @@ class Choosing(policy.Policy):
             A method; ``Sequential()`` means plain back-propagation.
         """
         profile = self.profile_or(profile_of(backend))
-        return self.pick(
-            profile,
-            length,
-            size,
-            batch,
-            element,
-            inputs,
-            single,
-            width,
-            jacobians,
-            fused_backward,
+        question = Question(
+            length, size, batch, element, inputs, single, width, jacobians, fused_backward
         )
+        return self.pick(profile, question)
 
     def scan_method(self, fp, limit=math.inf, *, profile, jacobians=False):
         """:meth:`pick` for a scan of footprint ``fp`` by ``profile`` (:meth:`profile_or`):
@@ -150,8 +144,7 @@ class Choosing(policy.Policy):
         if fp.complex_leaves:
             return Sequential()
         profile = self.profile_or(profile)
-        chosen = self.pick(
-            profile,
+        question = Question(
             fp.length,
             fp.size,
             fp.batch,
@@ -163,6 +156,7 @@ class Choosing(policy.Policy):
             fp.fused_backward is None,
             fused_step=fp.fused_backward_step,
         )
+        chosen = self.pick(profile, question)
         if limit is None or limit < math.inf:
             try:
                 return policy.guard(chosen, fp, limit, self, profile=profile)
@@ -238,25 +232,12 @@ class CostModel(Choosing):
         _check_profile("CostModel", self.profile)
         object.__setattr__(self, "candidates", _check_candidates("CostModel", self.candidates))
 
-    def pick(
-        self,
-        profile,
-        length,
-        size,
-        batch,
-        element,
-        inputs,
-        single,
-        width,
-        jacobians,
-        fused,
-        *,
-        fused_step=None,
-    ):
-        candidates = ranked(self.candidates, profile, jacobians=jacobians, fused_backward=fused)
-        fp = cost.footprint_of(length, size, batch, element, width)
+    def pick(self, profile, question):
+        q = question
+        candidates = ranked(self.candidates, profile, jacobians=q.jacobians, fused_backward=q.fused)
+        fp = cost.footprint_of(q.length, q.size, q.batch, q.element, q.width)
         return _fastest(
-            candidates, dataclasses.replace(fp, fused_backward_step=fused_step), profile
+            candidates, dataclasses.replace(fp, fused_backward_step=q.fused_step), profile
         )
 
 
@@ -281,28 +262,15 @@ class MeasuredRules(Choosing):
     def __post_init__(self):
         _check_profile("MeasuredRules", self.profile)
 
-    def pick(
-        self,
-        profile,
-        length,
-        size,
-        batch,
-        element,
-        inputs,
-        single,
-        width,
-        jacobians,
-        fused,
-        *,
-        fused_step=None,
-    ):
-        element = _element(size, element)
-        structured = keeps_structure(size, width)
-        if not jacobians and not _parallel_pays(
-            profile.rules, length, size, batch, element, inputs, single, structured
+    def pick(self, profile, question):
+        q = question
+        element = _element(q.size, q.element)
+        structured = keeps_structure(q.size, q.width)
+        if not q.jacobians and not _parallel_pays(
+            profile.rules, q.length, q.size, q.batch, element, q.inputs, q.single, structured
         ):
             return Sequential()
-        work = max(batch * element, 1)
+        work = max(q.batch * element, 1)
         if structured:
             # Structured steps are cheap to scan; the time blocks keep their arrays in cache.
             low, high = profile.rules.structured_block_steps
@@ -371,34 +339,8 @@ class Auto(Choosing):
             return MeasuredRules(profile)
         return CostModel(profile, self.candidates)
 
-    def pick(
-        self,
-        profile,
-        length,
-        size,
-        batch,
-        element,
-        inputs,
-        single,
-        width,
-        jacobians,
-        fused,
-        *,
-        fused_step=None,
-    ):
-        return self.rule(profile).pick(
-            profile,
-            length,
-            size,
-            batch,
-            element,
-            inputs,
-            single,
-            width,
-            jacobians,
-            fused,
-            fused_step=fused_step,
-        )
+    def pick(self, profile, question):
+        return self.rule(profile).pick(profile, question)
 
     def predictions(
         self,
