@@ -130,9 +130,17 @@ def _value(constants: model.Constants, name: str) -> float:
     return getattr(constants, name)
 
 
-def used(loops: Mapping[Key, Sequence[Instruction]]) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class TimeLoop:
+    """A kernel's time loop: its instructions and the steps an iteration of it runs."""
+
+    instructions: tuple[Instruction, ...]
+    steps: int = 1
+
+
+def used(loops: Mapping[Key, TimeLoop]) -> list[str]:
     """The constants some loop of ``loops`` depends on (:data:`CLASSES`, :data:`FIELDS`)."""
-    bases = {ins.base for loop in loops.values() for ins in loop}
+    bases = {ins.base for loop in loops.values() for ins in loop.instructions}
     names = [name for name, mnemonics in CLASSES.items() if bases & set(mnemonics)]
     known = {m for mnemonics in CLASSES.values() for m in mnemonics}
     if any(base not in known and base != "BAR" for base in bases):
@@ -144,7 +152,7 @@ def used(loops: Mapping[Key, Sequence[Instruction]]) -> list[str]:
 
 def estimates_us(
     found: Sequence[Pair],
-    loops: Mapping[Key, Sequence[Instruction]],
+    loops: Mapping[Key, TimeLoop],
     constants: model.Constants,
     arch: int = ARCH,
 ) -> list[float]:
@@ -155,8 +163,8 @@ def estimates_us(
     for p in found:
         loop = loops[p.key]
         if id(loop) not in walked:
-            steps = getattr(loop, "steps", 1)
-            walked[id(loop)] = 1e6 * model.step_seconds(loop, arch, steps, constants)
+            seconds = model.step_seconds(loop.instructions, arch, loop.steps, constants)
+            walked[id(loop)] = 1e6 * seconds
         out.append(walked[id(loop)])
     return out
 
@@ -170,7 +178,7 @@ def log_error(found: Sequence[Pair], estimated: Sequence[float]) -> float:
 
 def fit_constants(
     found: Sequence[Pair],
-    loops: Mapping[Key, Sequence[Instruction]],
+    loops: Mapping[Key, TimeLoop],
     start: model.Constants | None = None,
     arch: int = ARCH,
 ) -> model.Constants:
@@ -208,7 +216,7 @@ def parse_kernel(name: str) -> tuple[str, int, str, bool]:
     return match.group(1), int(match.group(2)), match.group(3), bool(match.group(4))
 
 
-def compiled_loops(keys: Sequence[Key], arch: int = ARCH) -> dict[Key, list[Instruction]]:
+def compiled_loops(keys: Sequence[Key], arch: int = ARCH) -> dict[Key, TimeLoop]:
     """The time loop of each ``(kernel, warps, prefetch)``, captured and compiled here (the
     ``triton`` wheel: :mod:`benchmarks.kernel_lab.compile`)."""
     from benchmarks.kernel_lab import capture, sass
@@ -219,23 +227,17 @@ def compiled_loops(keys: Sequence[Key], arch: int = ARCH) -> dict[Key, list[Inst
         spec = capture.Spec(*parse_kernel(kernel), prefetch=prefetch)
         captured = capture.capture(spec, num_warps=warps)
         code = sass.instructions(compile_ttir(captured.ttir, warps, arch).sass)
-        loop = TimeLoop(sass.time_loop(code))
-        loop.steps = sass.steps_per_iteration(loop, code, capture.LENGTH)
-        out[(kernel, warps, prefetch)] = loop
+        loop = sass.time_loop(code)
+        steps = sass.steps_per_iteration(loop, code, capture.LENGTH)
+        out[(kernel, warps, prefetch)] = TimeLoop(tuple(loop), steps)
     return out
-
-
-class TimeLoop(list):
-    """A time loop's instructions and the steps an iteration of it runs."""
-
-    steps: int = 1
 
 
 def report(
     args: Any,
     device: Sequence[dict[str, Any]],
     lab_rows: Sequence[dict[str, Any]],
-    loops_of: Callable[[Sequence[Key]], Mapping[Key, Sequence[Instruction]]] = compiled_loops,
+    loops_of: Callable[[Sequence[Key]], Mapping[Key, TimeLoop]] = compiled_loops,
     print_: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Runs the fits of ``args`` (``refit``) on ``device``'s rows and prints measured/estimate
@@ -246,7 +248,7 @@ def report(
     scale = fit_scale(found) if any(p.estimate_us for p in found) else None
     out: dict[str, Any] = {"fit": "scale", "scale": scale, "kernels": []}
     after: dict[Key, float] = {}
-    loops: Mapping[Key, Sequence[Instruction]] = {}
+    loops: Mapping[Key, TimeLoop] = {}
     if args.refit:
         try:
             loops = loops_of([p.key for p in found])

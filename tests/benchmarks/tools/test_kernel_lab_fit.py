@@ -94,7 +94,8 @@ def loops():
     out = {}
     for name in ("rnn-h20-forward-b", "rnn-h20-backward-b"):
         with gzip.open(DATA / f"{name}.sm90.w4.sass.gz", "rt") as f:
-            out[(name, 4, True)] = sass.time_loop(sass.instructions(f.read()))
+            loop = sass.time_loop(sass.instructions(f.read()))
+            out[(name, 4, True)] = fit_kernel_lab.TimeLoop(tuple(loop))
     return out
 
 
@@ -128,8 +129,8 @@ def test_refit_moves_the_constants_only_with_enough_kernels():
             for h in (20, 64, 128) for loop in ("forward", "backward") for w in (1, 4)}  # fmt: skip
     rows = []
     for (kernel, warps, _), loop in many.items():
-        us = 1e6 * model.step_seconds(loop, 90, constants=truth())
-        estimate = 1e6 * model.step_seconds(loop, 90)
+        us = 1e6 * model.step_seconds(loop.instructions, 90, constants=truth())
+        estimate = 1e6 * model.step_seconds(loop.instructions, 90)
         rows.append(device_row(kernel, {"auto": us}, {"auto": estimate}, warps=(warps, 8)))
     printed = []
     args = argparse.Namespace(refit=True)
