@@ -1,4 +1,4 @@
-"""The fused forward (``bppsa.Fused()``, issue 43) on one device, in five parts (``--parts``), each
+"""The fused forward (``bppsa.Fused()``, issue 43) on one device, in six parts (``--parts``), each
 a step of ``benchmarks/gpu.sh``:
 
 * ``forward``: the forward alone (the final states of ``B`` sequences, ``jax.vmap`` over a
@@ -20,6 +20,10 @@ a step of ``benchmarks/gpu.sh``:
 * ``cudnn``: cuDNN's LSTM (``jax.experimental.rnn.lstm``, its forward and backward) against
   bppsa's LSTM with its defaults on the same weights, H = 20 and 128 (inputs H), T = 10k and
   1k, B = 16, and the ratio; where cuDNN's LSTM cannot run (a CPU) the row says so;
+* ``backends``: the fused loops on Pallas' Triton backend against Mosaic GPU's (tensor cores),
+  forward alone and whole ``value_and_grad`` with both loops fused, and the LSTM against
+  cuDNN's: the LSTM at H = 128, 256, 512, B = 64, T = 10k first, then RNN, GRU and LSTM at
+  H = 20 to 1024, B = 16, T = 1000 (:mod:`benchmarks._fused_backends`);
 * ``compile``: the envelope's compile grid (:mod:`benchmarks._fused_compile`): RNN, GRU, LSTM
   and diagonal GRU at H = 16 to 4096 (powers of two, 20 and 100), whether the fused forward
   compiles and runs on the device, in how long; its last row (``"part": "compile-summary"``)
@@ -52,12 +56,13 @@ from typing import Any
 
 import jax
 
+from benchmarks import _fused_backends as backends
 from benchmarks import _fused_compile as grid
 from benchmarks import _fused_lab as lab
 from benchmarks._fused_rows import Case, cudnn_row, forward_row, grad_row, machine
 from paper_figures.result_files import JsonLines
 
-PARTS = ("forward", "lab", "grad", "cudnn", "compile")
+PARTS = ("forward", "lab", "grad", "cudnn", "backends", "compile")
 FIELDS = ("cell", "hidden", "length", "batch", "inputs")
 STARTED = "started"
 
@@ -80,6 +85,8 @@ def plan(part: str, dry_run: bool = False) -> list[Case]:
         if dry_run:
             return [Case("lstm", 8, 16, 2, 8)]
         return [Case("lstm", h, t, 16, h) for t in (10_000, 1_000) for h in (20, 128)]
+    if part == "backends":
+        return backends.plan(dry_run)
     if part == "compile":
         if dry_run:
             return grid.grid(grid.CELLS, (4, 20), 8, 2, 2)
@@ -138,6 +145,7 @@ def build(part: str, case: Case, rounds: int) -> dict[str, Any]:
         "lab": lab.lab_row,
         "grad": grad_row,
         "cudnn": cudnn_row,
+        "backends": backends.backends_row,
     }
     return builders[part](case, rounds) | {"status": "ok"}
 
@@ -184,6 +192,8 @@ def describe(row: dict[str, Any]) -> str:
             f"{_ms(row['bppsa_min_ms'])} ms ({row['bppsa_forward']}, {row['bppsa_method']}) | "
             f"bppsa/cuDNN {_x(row['bppsa_over_cudnn_min'])}"
         )
+    if part == "backends":
+        return f"{head} {backends.describe(row)}"
     compiled = "-" if row.get("compile_s") is None else f"{row['compile_s']:.2f} s"
     return (
         f"{head} {row['status']:<10} compile {compiled} (tile {row['tile']}, resident "

@@ -9,6 +9,10 @@
 #      forward="fused" and the default forward, us per step; RNN, GRU, LSTM at H = 20, B = 16,
 #      T = 10k, 30k, 1k; the diagonal GRU at H = 1024, 4096, T = 4096, B = 8):
 #      fused_forward_gpu.jsonl. It stops the run at once without a GPU backend (exit 2)
+#  1a. the fused loops on Triton against Mosaic GPU (tensor cores), and the LSTM against cuDNN
+#      (benchmarks/fused.py --parts backends): forward alone and whole value_and_grad with both
+#      loops fused, each backend's plan (why it refused); the LSTM at H = 128, 256, 512,
+#      B = 64, T = 10k first: fused_backends_gpu.jsonl
 #  1b. what the kernel lab predicts (benchmarks/fused.py --parts lab): each library cell's fused
 #      forward and FusedSequential() backward loop, H = 20, 64, 128 (in that order), T = 1000,
 #      B = 16, at the profile's warps and at 4, step-ahead loads on and off: the measured step
@@ -146,13 +150,15 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 # 1-4. The fused forward's rows (issue 43), the forward alone first: its refusal without a GPU
-# backend (exit 2) ends the run; then the kernel lab's pairs, H = 20 first.
+# backend (exit 2) ends the run; then the backends' rows (the LSTM against cuDNN first), then
+# the kernel lab's pairs, H = 20 first.
 status=0
 fused fused_forward 75 30 forward || status=$?
 if ((status == 2)); then
     say "not a GPU backend: nothing else runs"
     exit 2
 fi
+fused fused_backends 50 20 backends || true
 fused fused_lab 60 20 lab || true
 fused fused_grad 55 25 grad || true
 fused fused_cudnn 35 20 cudnn || true

@@ -14,7 +14,7 @@ import pytest
 from jax.experimental import rnn
 
 import bppsa
-from benchmarks import _fused_compile, _fused_envelope, _fused_lab, fused
+from benchmarks import _fused_backends, _fused_compile, _fused_envelope, _fused_lab, fused
 from benchmarks._fused_rows import (
     Case,
     cudnn_row,
@@ -116,6 +116,28 @@ def test_a_grad_row_records_each_runs_plan_and_its_difference_from_bp():
     for name in ("defaults", "fused_blelloch"):
         assert row[f"{name}_difference"] <= RTOL
         assert row[f"{name}_speedup_min"] == pytest.approx(row["bp_min_ms"] / row[f"{name}_min_ms"])
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="cuDNN runs off the CPU")
+def test_a_backends_row_times_each_backend_on_the_same_weights_and_restores_the_profile():
+    before = bppsa.get_profile()
+    row = _fused_backends.backends_row(Case("lstm", 8, 5, 2, 3), rounds=1)
+    assert bppsa.get_profile() is before
+    assert row["cudnn_status"].startswith("not available: ") and "cudnn_ms" not in row
+    for backend in _fused_backends.BACKENDS:
+        assert row[f"{backend}_grad_forward"] == "Fused()", row
+        assert row[f"{backend}_grad_method"] == "FusedSequential()", row
+        assert row[f"{backend}_forward_forward"] == "Fused()", row
+        assert row[f"{backend}_grad_difference"] < 1e-5 and row[f"{backend}_grad_ms"] > 0
+    ratio = row["mosaic_gpu_grad_ms"] / row["triton_grad_ms"]
+    assert row["mosaic_gpu_over_triton"] == pytest.approx(ratio)
+    assert "cuDNN" in _fused_backends.describe(row)
+
+
+def test_a_backends_row_says_why_a_backend_refuses_a_case():
+    row = _fused_backends.backends_row(Case("gru", 128, 3, 2, 2), rounds=1)
+    assert "shared memory" in row["mosaic_gpu_grad_forward_because"], row
+    assert row["mosaic_gpu_grad_difference"] < 1e-5
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="cuDNN runs off the CPU")

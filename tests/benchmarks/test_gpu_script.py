@@ -109,14 +109,15 @@ def test_the_real_run_measures_the_papers_grids_and_larger_hidden_sizes_later(dr
 def test_the_fused_rows_come_first_then_the_language_model_then_the_papers_grids():
     # A call cut short (one was, after 214 s) still brings the rows issue 43 asks for.
     text = SCRIPT.read_text()
-    order = ["fused fused_forward ", "fused fused_lab ", "fused fused_grad ", "fused fused_cudnn ",
+    order = ["fused fused_forward ", "fused fused_backends ", "fused fused_lab ",
+             "fused fused_grad ", "fused fused_cudnn ",
              "fused fused_compile ", "python3 -m experiments.char_lm",
              "python3 -m benchmarks.speed", "python3 -m benchmarks.accuracy",
              "python3 -m benchmarks.total", "python3 -m benchmarks.width",
              "python3 -m benchmarks.newton"]  # fmt: skip
     body = text.split("\nif command -v nvidia-smi", 1)[1]
     assert [body.index(name) for name in order] == sorted(body.index(name) for name in order)
-    for name in ("forward", "lab", "grad", "cudnn", "compile"):  # the header lists every file
+    for name in ("forward", "backends", "lab", "grad", "cudnn", "compile"):  # the header lists each
         assert f"fused_{name}_gpu.jsonl" in text.split("set -euo pipefail")[0]
 
 
@@ -232,6 +233,13 @@ def test_dry_run_runs_the_fused_gradient_and_cudnn_rows(dry_run):
     (cudnn,) = _results(out / "fused_cudnn_gpu.jsonl")
     assert cudnn["cudnn_status"].startswith("not available")  # a CPU: no cuDNN
     assert cudnn["bppsa_min_ms"] > 0 and cudnn["bppsa_over_cudnn_min"] is None
+    backends = _results(out / "fused_backends_gpu.jsonl")
+    assert [(r["cell"], r["hidden"]) for r in backends] == [("lstm", 8), ("rnn", 20)]
+    for row in backends:
+        assert row["status"] == "ok" and row["bp_min_ms"] > 0
+        for backend in ("triton", "mosaic_gpu"):
+            assert row[f"{backend}_grad_difference"] < 1e-5 and row[f"{backend}_grad_min_ms"] > 0
+    assert backends[0]["cudnn_status"].startswith("not available")  # a CPU: no cuDNN
 
 
 def test_dry_run_runs_the_fused_compile_grid(dry_run):
@@ -364,7 +372,8 @@ def test_a_dry_run_keeps_the_deadline_a_test_sets(tmp_path):
     done, out = run_script(tmp_path, "--dry-run", python3_body=SLOW_SPEED, GPU_SH_DRY_LIMIT_S="1")
     assert done.returncode == 0, done.stdout + done.stderr
     log = (out / "gpu.log").read_text()
-    names = ("fused_forward", "fused_lab", "fused_grad", "fused_cudnn", "fused_compile",
+    names = ("fused_forward", "fused_backends", "fused_lab", "fused_grad", "fused_cudnn",
+             "fused_compile",
              "char_lm", "speed", "accuracy", "total", "width", "newton", "h_sweep", "sharded",
              "vgg11")  # fmt: skip
     for name in names:
@@ -391,7 +400,8 @@ def test_the_real_run_keeps_its_budgets():
     text = SCRIPT.read_text()
     # With the machine's start (up to ~90 s) the call fits 8.5 minutes.
     assert "limit_s=400 " in text and "speed_s=100 " in text
-    for budget in ("fused_forward 75 30 ", "fused_lab 60 20 ", "fused_grad 55 25 ",
+    for budget in ("fused_forward 75 30 ", "fused_backends 50 20 ", "fused_lab 60 20 ",
+                   "fused_grad 55 25 ",
                    "fused_cudnn 35 20 ", "fused_compile 30 20 ", "char_lm 70 40 "):  # fmt: skip
         assert f"fused {budget}" in text or f"step {budget}" in text, budget
     assert "step newton 60 30 " in text and "step dense_quasi 30 15 " in text
