@@ -259,8 +259,11 @@ class Kernels:
         fused_backend: the fused loops' kernel backend (``"triton"``: Pallas' Triton backend,
             whose kernels run in Pallas' interpreter on the CPU; ``"mosaic_gpu"``: Pallas'
             Mosaic GPU backend, tensor cores on sm_90 and newer, with its own envelope, run in
-            Mosaic GPU's interpreter on the CPU where JAX has it, docs/fused.md); ``None``:
-            the platform has none, and the fused loops run in ``lax.scan``.
+            Mosaic GPU's interpreter on the CPU where JAX has it, docs/fused.md), or a tuple of
+            names in order of preference (a loop runs on the first that runs it: its
+            primitives, its envelope); ``None``: the platform has none, and the fused loops
+            run in ``lax.scan``. ``bppsa.Fused(backend=...)`` and
+            ``bppsa.FusedSequential(backend=...)`` force one.
         fused_num_stages, fused_lanes: the fused kernels' launch: the compiler's pipelining
             stages, and lanes of the carry per program where they are independent (``None``:
             one program per example).
@@ -289,7 +292,7 @@ class Kernels:
     densify_pair_ratio: float = 0.005
     # the kernel lab's envelope for sm_90a, without its estimates (SM90_ENVELOPE)
     fused_programs: tuple[FusedProgram, ...] = SM90_ENVELOPE
-    fused_backend: str | None = "triton"
+    fused_backend: str | tuple[str, ...] | None = "triton"
     # stages: 1, a fori_loop's loads do not pipeline (the kernel lab: identical code); lanes:
     # ASSUMED, one lane per thread of 4 warps
     fused_num_stages: int = 1
@@ -323,10 +326,13 @@ class Kernels:
             )
         if self.fused_lanes is not None:
             _check_number("Kernels", "fused_lanes", self.fused_lanes, integer=True)
-        if self.fused_backend is not None and not isinstance(self.fused_backend, str):
+        names = self.fused_backend
+        if isinstance(names, tuple) and names and all(isinstance(n, str) for n in names):
+            pass
+        elif names is not None and not isinstance(names, str):
             raise ValueError(
-                "Kernels: fused_backend must be a backend's name (e.g. 'triton') or None, got "
-                f"{self.fused_backend!r}."
+                "Kernels: fused_backend must be a backend's name (e.g. 'triton'), a non-empty "
+                f"tuple of names in order of preference, or None, got {names!r}."
             )
         for field in ("densify_density", "densify_pair_ratio"):
             _check_number("Kernels", field, getattr(self, field), zero=True)

@@ -19,6 +19,7 @@ import bppsa
 from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
 from bppsa.scan._core.fused import mosaic_gpu
 from bppsa.scan._core.fused.split import split_step
+from bppsa.scan._core.problem import prepare
 
 try:  # Mosaic GPU's interpreter (private): its race detector's state
     from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
@@ -318,3 +319,75 @@ def test_products_of_different_widths_run_in_the_interpreter(on_mosaic):
     want = jax.vmap(lambda x: lax.scan(body, init, x)[0])(xs)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def test_a_forced_backend_is_checked_and_shown():
+    for make in (bppsa.Fused, bppsa.FusedSequential):
+        with pytest.raises(ValueError, match=r"backend must be 'auto'.*'mosaic_gpu'.*'nope'"):
+            make(backend="nope")
+    assert repr(bppsa.Fused(backend="mosaic_gpu")) == "Fused(backend='mosaic_gpu')"
+    assert repr(bppsa.FusedSequential(num_warps=2, backend="triton")) == (
+        "FusedSequential(num_warps=2, backend='triton')"
+    )
+
+
+def test_a_forced_backend_runs_on_the_default_profile():
+    """``Fused(backend="mosaic_gpu")`` and ``FusedSequential(backend="mosaic_gpu")`` lower
+    to Mosaic GPU kernels though the profile names Triton."""
+    body, init = _cell("gru", 20)
+    forced = "mosaic_gpu"
+
+    def loss(state, xs):
+        final, _ = bppsa.scan(
+            body,
+            state,
+            xs,
+            forward=bppsa.Fused(backend=forced),
+            method=bppsa.FusedSequential(backend=forced),
+        )
+        return jnp.sum(jnp.sin(final))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bppsa.FallbackWarning)
+        text = _lowered(
+            jax.grad(lambda i, x: jnp.sum(jax.vmap(loss)(i, x))), init(16), jnp.ones((16, 9, 3))
+        )
+    assert "mosaic_gpu" in text and "triton" not in text and "stablehlo.while" not in text
+
+
+def _problem(body, init, xs):
+    problem, _ = prepare(body, init, xs, None, reverse=False, batch=None)
+    return problem
+
+
+def test_the_profile_s_backends_are_tried_in_order():
+    """A profile naming ("mosaic_gpu", "triton") plans Mosaic GPU where it runs the loop, and
+    Triton where only Triton does (``sin``: no rule in Mosaic GPU's table)."""
+    profile = bppsa.get_profile("cpu")
+    both = dataclasses.replace(
+        profile,
+        kernels=dataclasses.replace(profile.kernels, fused_backend=("mosaic_gpu", "triton")),
+    )
+    w = jnp.ones((20, 20)) / 20
+    xs = jnp.ones((5, 20))
+
+    def backend_of(step):
+        plan = bppsa.Fused().prepare(_problem(step, jnp.zeros(20), xs), both)
+        return plan if isinstance(plan, str) else plan.loop.backend.name
+
+    assert backend_of(lambda h, x: (jnp.tanh(h @ w + x), h)) == "mosaic_gpu"
+    assert backend_of(lambda h, x: (jnp.sin(h @ w + x), h)) == "triton"
+
+
+def test_where_no_backend_runs_the_loop_each_one_s_reason_is_named(x64):
+    profile = bppsa.get_profile("cpu")
+    both = dataclasses.replace(
+        profile,
+        kernels=dataclasses.replace(profile.kernels, fused_backend=("mosaic_gpu", "triton")),
+    )
+    w = jnp.ones((20, 20), jnp.float64) / 20
+    problem = _problem(lambda h, x: (jnp.tanh(h @ w + x), h), jnp.zeros(20, jnp.float64),
+                       jnp.ones((5, 20), jnp.float64))  # fmt: skip
+    reason = bppsa.Fused().prepare(problem, both)
+    assert reason.startswith("mosaic_gpu: a carry of float64"), reason
+    assert "; triton: a carry of float64" in reason, reason

@@ -332,7 +332,8 @@ def lanes_of(kernels: Kernels, lanes: int | str | None) -> int | None:
     return kernels.fused_lanes if lanes == AUTO else lanes  # type: ignore[return-value]
 
 
-def launch_fields(num_warps: int | str, lanes: int | str | None) -> list[str]:
+def launch_fields(num_warps: int | str, lanes: int | str | None, backend: str = AUTO) -> list[str]:
     """The ``repr`` fields of a fused loop's launch settings that are not the profile's."""
     fields = [f"num_warps={num_warps}"] if num_warps != AUTO else []
-    return fields + ([f"lanes={lanes}"] if lanes != AUTO else [])
+    fields += [f"lanes={lanes}"] if lanes != AUTO else []
+    return fields + ([f"backend={backend!r}"] if backend != AUTO else [])

@@ -33,6 +33,16 @@ def backend_named(name: str | None) -> Backend | str:
     return backend
 
 
+def check_backend(owner: str, backend: str) -> None:
+    """Raises ``ValueError`` naming ``owner`` unless ``backend`` is ``"auto"`` (the profile's)
+    or the name of a backend of :data:`BACKENDS`."""
+    if backend != "auto" and backend not in BACKENDS:
+        known = ", ".join(repr(name) for name in sorted(BACKENDS))
+        raise ValueError(
+            f"{owner}: backend must be 'auto' (the profile's) or one of {known}, got {backend!r}."
+        )
+
+
 def runners(backend: Backend) -> dict[str, Backend]:
     """The platforms ``backend``'s kernels run on, and as what: compiled on its own, in
     Pallas' interpreter on the CPU (where this JAX has one for it)."""

@@ -30,7 +30,7 @@ from bppsa.scan._core.forward import Forward, run_sequentially
 from bppsa.scan._core.fused import dispatch
 from bppsa.scan._core.fused.backend import AUTO, CANNOT, check_options, launch_fields
 from bppsa.scan._core.fused.kernel import carries_after
-from bppsa.scan._core.fused.plan import Loop, no_backend, plan_loop
+from bppsa.scan._core.fused.plan import Loop, no_backend, plan_loop, with_backend
 from bppsa.scan._core.fused.split import residuals, shapes_of, split_scan_step
 from bppsa.scan._core.jaxprs.walk import run_equations
 from bppsa.scan._profile import Kernels
@@ -83,6 +83,9 @@ class Fused(Forward):
             block-diagonal cell, found in its jaxpr: :mod:`~bppsa.scan._core.fused.lanes`);
             ``None``: one program per example (under ``jax.vmap``) always; ``"auto"``: the
             profile's ``fused_lanes``.
+        backend: the kernel backend (``"auto"``: the profile's ``fused_backend``, the first
+            of them that runs the loop; ``"triton"``, ``"mosaic_gpu"``: that one alone, its
+            refusal in :meth:`why_not`).
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -95,16 +98,18 @@ class Fused(Forward):
 
     num_warps: int | str = AUTO
     lanes: int | str | None = AUTO
+    backend: str = AUTO
     name: ClassVar[str] = "fused"
 
     def __post_init__(self):
         check_options("Fused", self.num_warps, self.lanes)
+        dispatch.check_backend("Fused", self.backend)
 
     def prepare(self, problem: Problem, profile: Profile | None = None) -> FusedPlan | str:
         """The plan of ``problem``'s fused loop on ``profile``'s backend and within its envelope
         (``None``: the defaults, ``Kernels()``'s), or why the kernel cannot run it; the scan's
         decision makes it once and hands it to :meth:`__call__`."""
-        kernels = Kernels() if profile is None else profile.kernels
+        kernels = with_backend(Kernels() if profile is None else profile.kernels, self.backend)
         if (reason := no_backend(profile)) is not None:
             return reason
         if problem.length < 1:
@@ -147,7 +152,7 @@ class Fused(Forward):
         return dispatch.dispatch(plan.loop.backend, kernel, sequential, list(consts), init, xs)
 
     def __repr__(self) -> str:
-        return f"Fused({', '.join(launch_fields(self.num_warps, self.lanes))})"
+        return f"Fused({', '.join(launch_fields(self.num_warps, self.lanes, self.backend))})"
 
 
 def _run(plan: FusedPlan, length, consts, init, xs, keep, runner=None):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from bppsa.scan._core.fused import dispatch
 from bppsa.scan._core.fused.backend import (
+    AUTO,
     CANNOT,
     Backend,
     Footprint,
@@ -94,12 +95,20 @@ def no_backend(profile: Profile | None) -> str | None:
     return f"no fused kernel backend on {profile.name} (its profile's fused_backend is None)"
 
 
-def backend_of(kernels: Kernels) -> Backend | str:
-    """The profile's fused backend (``kernels.fused_backend``), or why there is none."""
-    backend = dispatch.backend_named(kernels.fused_backend)
-    if isinstance(backend, str):
-        return backend
-    return backend.missing() or backend
+def backends_of(kernels: Kernels) -> list[tuple[str | None, Backend | str]]:
+    """The profile's fused backends in order of preference (``kernels.fused_backend``: a name
+    or a tuple of them), each ``(name, the backend or why it cannot run anything here)``."""
+    names = kernels.fused_backend
+    found: list[tuple[str | None, Backend | str]] = []
+    for name in names if isinstance(names, tuple) else (names,):
+        backend = dispatch.backend_named(name)
+        found.append((name, backend if isinstance(backend, str) else backend.missing() or backend))
+    return found
+
+
+def with_backend(kernels: Kernels, backend: str) -> Kernels:
+    """``kernels`` with the fused backend ``backend`` alone where it is not ``"auto"``."""
+    return kernels if backend == AUTO else dataclasses.replace(kernels, fused_backend=backend)
 
 
 def plan_loop(
@@ -110,13 +119,34 @@ def plan_loop(
     build: Callable[[Loop], object],
     backward: bool = False,
 ) -> Loop | str:
-    """The loop of ``split`` on the backend of ``kernels`` (its envelope and launch, with
-    ``num_warps`` and ``lanes`` where not ``"auto"``; ``backward``: a backward's loop), or why
-    the kernel cannot run it; ``build(loop)`` builds its interpreted kernel abstractly
-    (``jax.eval_shape``)."""
-    backend = backend_of(kernels)
-    if isinstance(backend, str):
-        return backend
+    """The loop of ``split`` on the first backend of ``kernels`` that runs it (its envelope and
+    launch, with ``num_warps`` and ``lanes`` where not ``"auto"``; ``backward``: a backward's
+    loop), or why none can (each backend's reason, named where there are several);
+    ``build(loop)`` builds its interpreted kernel abstractly (``jax.eval_shape``)."""
+    reasons = []
+    for name, backend in backends_of(kernels):
+        if isinstance(backend, str):
+            loop: Loop | str = backend
+        else:
+            loop = _planned(backend, split, kernels, num_warps, lanes, build, backward)
+        if not isinstance(loop, str):
+            return loop
+        reasons.append((name, loop))
+    if len(reasons) == 1:  # the one backend's reason alone
+        return reasons[0][1]
+    return "; ".join(f"{name}: {reason}" for name, reason in reasons)
+
+
+def _planned(
+    backend: Backend,
+    split: Split,
+    kernels: Kernels,
+    num_warps: int | str,
+    lanes: int | str | None,
+    build: Callable[[Loop], object],
+    backward: bool,
+) -> Loop | str:
+    """:func:`plan_loop` on one ``backend``."""
     tiled = split_lanes(split, lanes_of(kernels, lanes)) if backend.tiles else None
     target = split if tiled is None else tiled
     reason = backend.unsupported_loop(target)

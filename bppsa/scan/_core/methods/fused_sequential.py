@@ -13,7 +13,8 @@ from bppsa.scan._core import backward, cost, debug
 from bppsa.scan._core.cost import Cost
 from bppsa.scan._core.fused import backward as fused_backward
 from bppsa.scan._core.fused.backend import AUTO, check_options, launch_fields
-from bppsa.scan._core.fused.plan import no_backend
+from bppsa.scan._core.fused.dispatch import check_backend
+from bppsa.scan._core.fused.plan import no_backend, with_backend
 from bppsa.scan._core.memory import SPAN_STATES
 from bppsa.scan._core.methods.base import Method, Supports, because, require
 from bppsa.scan._core.methods.sequential_scan import SequentialScan
@@ -85,6 +86,7 @@ class FusedSequential(Method):
         lanes: lanes of the carry per program where they are independent (diagonal and
             block-diagonal cells, as for :class:`bppsa.Fused`); ``None``: one program per
             example (under ``jax.vmap``) always; ``"auto"``: the profile's ``fused_lanes``.
+        backend: the kernel backend (as for :class:`bppsa.Fused`).
 
     Example:
         >>> from bppsa.models import RNN, rnn_cell
@@ -96,6 +98,7 @@ class FusedSequential(Method):
 
     num_warps: int | str = AUTO
     lanes: int | str | None = AUTO
+    backend: str = AUTO
     name: ClassVar[str] = "fused-sequential"
     # It needs the carries the forward kept, as the Jacobian methods do, but forms no
     # Jacobians, and so takes none from the forward.
@@ -105,6 +108,7 @@ class FusedSequential(Method):
 
     def __post_init__(self):
         check_options("FusedSequential", self.num_warps, self.lanes)
+        check_backend("FusedSequential", self.backend)
 
     def prepare(self, problem: Problem, profile: Profile | None = None):
         """The plan of ``problem``'s backward (its step and reverse steps split, their loops
@@ -112,7 +116,7 @@ class FusedSequential(Method):
         or why the step's VJP cannot be traced (the backward is then
         :class:`SequentialScan`'s). The scan's decision makes it once and hands it to
         :meth:`backward`."""
-        kernels = Kernels() if profile is None else profile.kernels
+        kernels = with_backend(Kernels() if profile is None else profile.kernels, self.backend)
         return no_backend(profile) or fused_backward.plan(
             problem, kernels, self.num_warps, self.lanes
         )
@@ -197,4 +201,5 @@ class FusedSequential(Method):
         )
 
     def __repr__(self) -> str:
-        return f"FusedSequential({', '.join(launch_fields(self.num_warps, self.lanes))})"
+        fields = launch_fields(self.num_warps, self.lanes, self.backend)
+        return f"FusedSequential({', '.join(fields)})"
