@@ -4,11 +4,12 @@ against Mosaic GPU's (tensor cores), and the LSTM against cuDNN's.
 A row is one case: the library's cell over ``B`` sequences (``jax.vmap``), timed round by round
 in one process, each program its own:
 
-* ``<backend>_forward``: the forward alone (the final states, ``forward="fused"``) with the
-  default backend's profile naming ``backend`` (``Kernels.fused_backend``: ``triton``,
-  ``mosaic_gpu``), beside ``lax_scan_forward``;
+* ``<backend>_forward``: the forward alone (the final states) with
+  ``forward=bppsa.Fused(backend=backend)`` (``triton``, ``mosaic_gpu``), beside
+  ``lax_scan_forward``;
 * ``<backend>_grad``: the whole ``value_and_grad`` of a head on the final states with both
-  loops fused (``forward="fused"``, ``method=bppsa.FusedSequential()``), beside ``bp`` (JAX
+  loops fused on ``backend`` (``bppsa.Fused(backend=...)``,
+  ``bppsa.FusedSequential(backend=...)``), beside ``bp`` (JAX
   through ``lax.scan``) and, for the LSTM, ``cudnn`` (``jax.experimental.rnn.lstm``, its
   forward and backward on the same weights; where it cannot run, ``cudnn_status`` says why).
 
@@ -21,7 +22,6 @@ array.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -29,9 +29,7 @@ from typing import Any
 import jax
 
 import bppsa
-from benchmarks._fused_envelope import with_kernels
 from benchmarks._fused_rows import (
-    FUSED,
     Case,
     Program,
     cudnn_lstm_loss,
@@ -60,11 +58,6 @@ def plan(dry_run: bool = False) -> list[Case]:
     return lstm + cells
 
 
-def naming(backend: str):
-    """Inside the block the default backend's profile names ``backend`` for the fused loops."""
-    return with_kernels(lambda kernels: dataclasses.replace(kernels, fused_backend=backend))
-
-
 def backends_row(case: Case, rounds: int) -> dict[str, Any]:
     """The row of one case (the module docstring)."""
     params, head, xs = problem(case)
@@ -84,19 +77,20 @@ def backends_row(case: Case, rounds: int) -> dict[str, Any]:
     def forward(scan: Callable) -> Callable:
         return lambda w, h, x: final_states(scan, case, as_params(w), x)
 
-    through_bppsa = of(bppsa.scan)
-    fused_grad = bppsa.value_and_grad(
-        through_bppsa, method=bppsa.FusedSequential(), forward="fused"
-    )
     args = (weights, head, xs)
     programs = {
         "lax_scan_forward": Program.of(forward(jax.lax.scan), *args),
         "bp": Program.of(jax.value_and_grad(of(jax.lax.scan)), *args),
     }
     for backend in BACKENDS:
-        with naming(backend):
-            programs[f"{backend}_forward"] = Program.of(forward(FUSED), *args)
-            programs[f"{backend}_grad"] = Program.of(fused_grad, *args)
+        fused = bppsa.Fused(backend=backend)
+        programs[f"{backend}_forward"] = Program.of(
+            forward(functools.partial(bppsa.scan, forward=fused)), *args
+        )
+        fused_grad = bppsa.value_and_grad(
+            of(bppsa.scan), method=bppsa.FusedSequential(backend=backend), forward=fused
+        )
+        programs[f"{backend}_grad"] = Program.of(fused_grad, *args)
     if cudnn is not None:
         try:
             programs["cudnn"] = Program.of(jax.value_and_grad(cudnn), *args)
@@ -110,7 +104,7 @@ def backends_row(case: Case, rounds: int) -> dict[str, Any]:
         if name.endswith("_grad") or name == "cudnn":
             _, grads = program.compiled(*args)
             row[f"{name}_difference"] = relative_difference(grads, reference)
-        if name != "cudnn" and name not in ("bp", "lax_scan_forward"):
+        if name not in ("cudnn", "bp", "lax_scan_forward"):
             row |= plan_fields(name, program)
     row |= timed_fields(programs, args, rounds)
     # under 1: Mosaic GPU's whole gradient is faster than Triton's (cuDNN's)

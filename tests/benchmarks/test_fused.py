@@ -125,9 +125,9 @@ def test_a_backends_row_times_each_backend_on_the_same_weights_and_restores_the_
     assert bppsa.get_profile() is before
     assert row["cudnn_status"].startswith("not available: ") and "cudnn_ms" not in row
     for backend in _fused_backends.BACKENDS:
-        assert row[f"{backend}_grad_forward"] == "Fused()", row
-        assert row[f"{backend}_grad_method"] == "FusedSequential()", row
-        assert row[f"{backend}_forward_forward"] == "Fused()", row
+        assert row[f"{backend}_grad_forward"] == f"Fused(backend={backend!r})", row
+        assert row[f"{backend}_grad_method"] == f"FusedSequential(backend={backend!r})", row
+        assert row[f"{backend}_forward_forward"] == f"Fused(backend={backend!r})", row
         assert row[f"{backend}_grad_difference"] < 1e-5 and row[f"{backend}_grad_ms"] > 0
     ratio = row["mosaic_gpu_grad_ms"] / row["triton_grad_ms"]
     assert row["mosaic_gpu_over_triton"] == pytest.approx(ratio)
