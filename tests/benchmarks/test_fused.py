@@ -135,7 +135,7 @@ def test_a_backends_row_times_each_backend_on_the_same_weights_and_restores_the_
 
 
 def test_a_backends_row_says_why_a_backend_refuses_a_case():
-    row = _fused_backends.backends_row(Case("gru", 128, 3, 2, 2), rounds=1)
+    row = _fused_backends.backends_row(Case("gru", 512, 3, 2, 2), rounds=1)
     assert "shared memory" in row["mosaic_gpu_grad_forward_because"], row
     assert row["mosaic_gpu_grad_difference"] < 1e-5
 

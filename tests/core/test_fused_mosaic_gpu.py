@@ -16,7 +16,16 @@ from jax import lax
 from jax._src.mesh import AbstractDevice, AbstractMesh
 
 import bppsa
-from bppsa.models import GRU, LSTM, RNN, gru_cell, lstm_cell, rnn_cell
+from bppsa.models import (
+    CIFGLSTM,
+    GRU,
+    LSTM,
+    RNN,
+    cifg_lstm_cell,
+    gru_cell,
+    lstm_cell,
+    rnn_cell,
+)
 from bppsa.scan._core.fused import mosaic_gpu
 from bppsa.scan._core.fused.split import split_step
 from bppsa.scan._core.problem import prepare
@@ -27,7 +36,12 @@ except ImportError:  # pragma: no cover - a JAX without it runs no interpreted t
     interpret_pallas_call = None
 
 H200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu")
-CELLS = {"rnn": (RNN, rnn_cell, 1), "gru": (GRU, gru_cell, 1), "lstm": (LSTM, lstm_cell, 2)}
+CELLS = {
+    "rnn": (RNN, rnn_cell, 1),
+    "gru": (GRU, gru_cell, 1),
+    "lstm": (LSTM, lstm_cell, 2),
+    "cifg": (CIFGLSTM, cifg_lstm_cell, 2),
+}
 INTERPRETER = mosaic_gpu.interpreter() is not None
 
 
@@ -43,6 +57,12 @@ def on_mosaic():
         yield
     for platform in ("cpu", "gpu", "cuda"):
         bppsa.set_profile(platform, None)
+
+
+def _mosaic_profile():
+    profile = bppsa.get_profile("cpu")
+    kernels = dataclasses.replace(profile.kernels, fused_backend="mosaic_gpu")
+    return dataclasses.replace(profile, kernels=kernels)
 
 
 def _cell(name, hidden):
@@ -89,6 +109,10 @@ def _lowered(fn, *args) -> str:
         ("lstm", 20, 16, True),
         ("rnn", 128, 16, False),
         ("lstm", 64, None, False),
+        ("cifg", 20, 16, False),
+        ("rnn", 512, 16, False),  # a cluster of 16 blocks
+        ("gru", 256, 64, True),  # 16 blocks of 16 lanes each
+        ("lstm", 128, None, False),  # 4 blocks
     ],
 )
 def test_the_loops_lower_to_one_mosaic_gpu_kernel_each(on_mosaic, name, hidden, batch, reverse):
@@ -101,16 +125,50 @@ def test_the_loops_lower_to_one_mosaic_gpu_kernel_each(on_mosaic, name, hidden, 
     # the forward's kernel and the backward's, and no loop outside a kernel
     assert text.count("bppsa_fused_forward") >= 1 and text.count("bppsa_fused_backward") >= 1
     assert "mosaic_gpu" in text and "stablehlo.while" not in text
+    # a kernel of a cluster reads its block's place in it
+    assert ("cluster_block_id" in text) == (hidden > 128 or (name, hidden) == ("lstm", 128))
+
+
+@pytest.mark.parametrize(
+    "name, hidden, blocks",
+    [("rnn", 20, 1), ("rnn", 128, 1), ("gru", 64, 1), ("gru", 128, 4), ("lstm", 128, 4),
+     ("rnn", 256, 4), ("rnn", 512, 16), ("gru", 256, 16), ("lstm", 256, 16)],
+)  # fmt: skip
+def test_a_loop_takes_the_fewest_blocks_of_a_cluster_that_hold_it(name, hidden, blocks):
+    """Dense cells past one block's shared memory split their lanes over a cluster: the fewest
+    blocks whose shared memory holds their share of the matrices (float32, 3xTF32)."""
+    body, init = _cell(name, hidden)
+    problem = _problem(body, init(), jnp.ones((4, 3)))
+    plan = bppsa.Fused().prepare(problem, _mosaic_profile())
+    assert not isinstance(plan, str), plan
+    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    assert analysis.cluster == blocks
+    assert analysis.shared_bytes <= mosaic_gpu.SHARED_BYTES
+    assert analysis.columns <= mosaic_gpu.MAX_COLUMNS
+    if blocks > 1:  # one block fewer would not hold it
+        fewer = mosaic_gpu.CLUSTERS[mosaic_gpu.CLUSTERS.index(blocks) - 1]
+        analysis._size(plan.loop.split, fewer)
+        assert analysis.shared_bytes > mosaic_gpu.SHARED_BYTES
+
+
+def test_each_block_computes_whole_swizzled_rows_of_every_vector():
+    for cluster in mosaic_gpu.CLUSTERS:
+        for n in (1, 8, 20, 24, 64, 100, 128, 256, 300, 512, 1024):
+            chunk = mosaic_gpu.chunk(n, cluster)
+            assert chunk * cluster >= n and (chunk * cluster) % mosaic_gpu.LANES == 0
+            assert chunk in (8, 16) or chunk % mosaic_gpu.LANES == 0
+    assert mosaic_gpu.chunk(256, 16) == 16 and mosaic_gpu.chunk(20, 1) == 32
+    assert mosaic_gpu.chunk(512, 16) == 32 and mosaic_gpu.chunk(128, 4) == 32
 
 
 @pytest.mark.parametrize(
     "name, hidden, reason",
     [
-        ("gru", 128, "shared memory"),
-        ("lstm", 128, "shared memory"),
+        ("rnn", 1024, "bytes of shared memory a block, split over 16 blocks"),
+        ("lstm", 512, "bytes of shared memory a block, split over 16 blocks"),
     ],
 )
-def test_loops_past_a_block_are_refused_naming_shared_memory(on_mosaic, name, hidden, reason):
+def test_loops_past_a_cluster_are_refused_naming_shared_memory(on_mosaic, name, hidden, reason):
     body, init = _cell(name, hidden)
     with pytest.warns(bppsa.FallbackWarning, match=reason):
         warnings.simplefilter("default", bppsa.FallbackWarning)
@@ -186,6 +244,13 @@ needs_interpreter = pytest.mark.skipif(
         ("rnn", 128, 16, False),
         ("lstm", 64, 16, False),
         ("gru", 20, None, False),
+        ("cifg", 20, 16, False),
+        ("cifg", 128, 64, True),
+        # clusters: 4 blocks at 128, 16 at 512
+        ("gru", 128, 16, False),
+        ("lstm", 128, 64, True),
+        ("rnn", 512, 16, False),
+        ("rnn", 512, 64, True),
     ],
 )
 def test_the_interpreted_kernels_equal_lax_scan_and_bp(
@@ -249,6 +314,57 @@ def test_a_planted_missing_synchronisation_is_a_detected_race(on_mosaic, monkeyp
             jax.block_until_ready(jax.vmap(lambda x: _fused(body, init(), x)[0])(xs))
     finally:
         interpret_pallas_call.gpu_callbacks.reset_gpu_interpret_mode_state()
+
+
+@needs_interpreter
+@pytest.mark.parametrize("planted", ["no wait for the cluster", "wrong columns"])
+def test_a_planted_cluster_fault_fails(on_mosaic, monkeypatch, planted):
+    """A cluster kernel whose blocks do not wait for each other's lanes races (the detector
+    fails the run); one whose blocks keep a neighbour's columns of the matrices computes a
+    wrong loop (it differs from lax.scan)."""
+    body, init = _cell("gru", 128)  # 4 blocks
+    xs = jax.random.normal(jax.random.key(2), (16, 5, 3))
+    state = init(16)
+
+    def run():
+        return jax.block_until_ready(jax.vmap(lambda i, x: _fused(body, i, x)[0])(state, xs))
+
+    want = jax.vmap(lambda i, x: lax.scan(body, i, x)[0])(state, xs)
+    np.testing.assert_allclose(run(), want, rtol=2e-5, atol=2e-6)  # unplanted: right
+    if planted == "wrong columns":
+        real = mosaic_gpu._matrix_columns
+        monkeypatch.setattr(
+            mosaic_gpu,
+            "_matrix_columns",
+            lambda block, width, cluster: real((block + 1) % cluster, width, cluster),
+        )
+        assert not np.allclose(run(), want, rtol=1e-3, atol=1e-3)
+        return
+    monkeypatch.setattr(mosaic_gpu, "_all_wrote", mosaic_gpu.plgpu.barrier_arrive)
+    try:
+        with pytest.raises(Exception, match="RACE DETECTED"):
+            run()
+    finally:
+        interpret_pallas_call.gpu_callbacks.reset_gpu_interpret_mode_state()
+
+
+@needs_interpreter
+# the batch's padded rows (zeros) are -inf in every lane: NaN there, never read back
+@pytest.mark.filterwarnings("ignore:invalid value encountered in matmul:RuntimeWarning")
+def test_padded_lanes_of_a_product_s_operand_are_read_as_zeros(on_mosaic):
+    """``log(h * h)`` is -inf in the carry's padded lanes (zeros); the product must read zeros
+    there (``-inf * 0`` would be NaN in every lane)."""
+    k = jax.random.split(jax.random.key(6), 3)
+    w = jax.random.normal(k[0], (20, 20)) / 5
+    xs = jax.random.normal(k[1], (16, 5, 20))
+    h0 = 1.0 + jax.random.uniform(k[2], (20,))
+
+    def body(h, x):
+        return 1.5 + jnp.tanh(jnp.log(h * h) @ w + x), 0.0
+
+    got = jax.vmap(lambda x: bppsa.scan(body, h0, x, forward="fused")[0])(xs)
+    want = jax.vmap(lambda x: lax.scan(body, h0, x)[0])(xs)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
 
 
 ELEMENTWISE = {

@@ -18,11 +18,25 @@ during step ``t``; the new carry is written to one of two buffers, read by the n
 copied out while it runs. The loop runs two steps an iteration, so every buffer is static.
 
 Vector lanes pad to a multiple of 32 (one 128-byte swizzled row of float32); padded lanes of
-the carry are zeroed at every step, so that products never read anything but zeros there.
-Constants that are vectors (biases) and per-step residuals of one example are broadcast to the
-rows outside the kernel. :meth:`MosaicGPU.unsupported_loop` says what the kernel cannot run:
-types other than float32, arrays other than vectors, products other than a vector with a
-constant matrix, primitives outside its table, or shared memory beyond a block's.
+the carry are zeroed at every step, and a product's operand is read with zeros there (a cell's
+value in a padded lane may be infinite). Constants that are vectors (biases) and per-step
+residuals of one example are broadcast to the rows outside the kernel.
+
+Dense cells past one block. A loop whose matrices do not fit one block's shared memory (or
+whose products are wider than one ``wgmma``) runs on a thread-block cluster of the fewest
+blocks of :data:`CLUSTERS` that hold it: block ``j`` computes lane chunk ``j`` of every vector
+(:func:`chunk`: 8, 16 or a multiple of 32 lanes), keeping only the columns of each matrix that
+give its chunk. Every operation of the step but a product is lane by lane, so a block needs the
+other blocks' lanes only for a product's operand: each block writes its chunk to an exchange in
+global memory, all wait at one cluster barrier, and each reads the whole operand back, staged
+into shared memory :data:`STAGE_LANES` lanes at a time (two exchange slots, one per step of a
+pair, so that a step never overwrites what a block may still be reading). The exchange goes
+through global memory (L2), not the peers' shared memory, because Mosaic GPU's interpreter
+runs only the former: the kernel tested on the CPU is the kernel a device runs.
+
+:meth:`MosaicGPU.unsupported_loop` says what the kernel cannot run: types other than float32,
+arrays other than vectors, products other than a vector with a constant matrix, primitives
+outside its table, or shared memory beyond a block's at 16 blocks.
 
 JAX's API drift between its versions (``plgpu.load``'s index, transposed references) stays in
 this module; where Pallas' Mosaic GPU backend cannot be imported, ``import bppsa`` still works and
@@ -34,6 +48,7 @@ the loops run ``lax.scan`` there.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -53,6 +68,10 @@ ROWS = 64  # rows of one warpgroup's wgmma: the examples one block runs
 LANES = 32  # float32 entries of one 128-byte swizzled row
 SHARED_BYTES = 227 * 1024  # shared memory of one block on sm_90
 MAX_COLUMNS = 256  # the widest wgmma
+# Blocks of a thread-block cluster a loop's lanes may be split over (16 is beyond CUDA's portable
+# 8; Mosaic GPU's launch allows it); the kernel takes the fewest that hold the loop.
+CLUSTERS = (1, 2, 4, 8, 16)
+STAGE_LANES = 128  # lanes of a product's operand a cluster kernel stages at a time (at most)
 PREFETCH_REGISTERS = 64  # registers a thread may hold for the next step's residuals (ASSUMED)
 # One block of one warpgroup: its widest array (a (64, 256) product) and its shared memory in
 # float32 entries. Not measured: the limits of the hardware.
@@ -101,9 +120,20 @@ def has_rule(name: str) -> bool:
     return True if _RULES is None else name in _RULES
 
 
-def lanes(n: int) -> int:
-    """``n`` padded to a whole number of swizzled rows."""
-    return max(LANES, -(-int(n) // LANES) * LANES)
+def chunk(n: int, cluster: int = 1) -> int:
+    """Lanes of a vector of ``n`` entries that each of ``cluster`` blocks computes: 8 or 16
+    (a 32- or 64-byte swizzled row) where the whole stays whole swizzled rows, else whole
+    swizzled rows."""
+    share = -(-int(n) // cluster)
+    for small in (8, 16):
+        if share <= small and cluster * small % LANES == 0:
+            return small
+    return max(LANES, -(-share // LANES) * LANES)
+
+
+def lanes(n: int, cluster: int = 1) -> int:
+    """``n`` padded to whole chunks (:func:`chunk`) for each of ``cluster`` blocks."""
+    return cluster * chunk(n, cluster)
 
 
 def rows(n: int) -> int:
@@ -143,17 +173,25 @@ def _product(eqn, constants) -> tuple[Any, Any, bool] | str:
 
 
 class Analysis:
-    """What a loop's kernel keeps where: its products and the residuals they read.
+    """What a loop's kernel keeps where: its products, the residuals they read, and the blocks
+    of a cluster its lanes are split over.
 
     Attributes:
         products: ``eqn -> (vector, matrix, transposed, full)`` of every product.
         matrices: the constant matrices, each ``(variable, transposed)`` once.
         vectors: the other constants (vectors).
         full: whether any product runs at full precision (the matrices kept twice, hi and lo).
-        widest: lanes of the widest vector a product stages in shared memory.
-        shared_bytes: the shared memory the kernel uses: its matrices (twice at full
-            precision), a buffer of each carry, and one staged product operand (twice at full
-            precision).
+        cluster: the blocks of a cluster the loop's lanes are split over, the fewest of
+            :data:`CLUSTERS` whose blocks hold it (the largest where none does): block ``j``
+            computes lane chunk ``j`` of every vector, with the columns of each matrix that
+            give it; each product's vector is gathered whole from all blocks first.
+        exchanged: the vectors a cluster kernel gathers for its products (none for one block).
+        widest: lanes of the widest operand a product stages in shared memory at a time.
+        columns: the most columns a block's product computes.
+        tile: entries of the largest array a block forms.
+        shared_bytes: the shared memory a block uses: its matrices' columns (twice at full
+            precision), a buffer of its chunk of each carry, and one staged product operand
+            (twice at full precision).
         prefetch: whether a step's residuals (and the vector constants) can be loaded during
             the step before, held in registers (up to :data:`PREFETCH_REGISTERS` a thread);
             else each step loads its own at its start.
@@ -163,6 +201,7 @@ class Analysis:
         constants = set(loop.constant_residuals)
         self.products: dict = {}
         matrices: list = []
+        exchanged: list = []
         for eqn in loop.recurrence:
             if eqn.primitive.name == "dot_general":
                 vector, matrix, transposed = _product(eqn, constants)
@@ -170,20 +209,50 @@ class Analysis:
                 self.products[eqn] = (vector, matrix, transposed, full)
                 if (matrix, transposed) not in matrices:
                     matrices.append((matrix, transposed))
+                if vector not in exchanged:
+                    exchanged.append(vector)
         self.matrices = matrices
         used = {m for m, _ in matrices}
         self.vectors = [v for v in loop.constant_residuals if v not in used]
         self.full = any(full for *_, full in self.products.values())
-        self.widest = max((lanes(v.aval.shape[-1]) for v, *_ in self.products.values()), default=0)
+        for cluster in CLUSTERS:
+            self._size(loop, cluster)
+            if self.shared_bytes <= SHARED_BYTES and self.columns <= MAX_COLUMNS:
+                break
+        self.exchanged = exchanged if self.cluster > 1 else []
+
+    def chunk(self, n: int) -> int:
+        """Lanes of a vector of ``n`` entries that one block of the cluster computes."""
+        return chunk(n, self.cluster)
+
+    def stage(self, n: int) -> int:
+        """Lanes of a product's operand of ``n`` entries staged at a time: all of it in one
+        block, else a divisor of its lanes up to :data:`STAGE_LANES`."""
+        padded = lanes(n, self.cluster)
+        return padded if self.cluster == 1 else math.gcd(padded, STAGE_LANES)
+
+    def _size(self, loop, cluster: int) -> None:
+        self.cluster = cluster
         copies = 2 if self.full else 1
-        entries = sum(copies * lanes(k) * lanes(n) for k, n in (m.aval.shape for m, _ in matrices))
+        operands = [v.aval.shape[-1] for v, *_ in self.products.values()]
+        self.widest = max((self.stage(k) for k in operands), default=0)
+        shapes = [m.aval.shape[::-1] if t else m.aval.shape for m, t in self.matrices]  # (K, N)
+        self.columns = max((self.chunk(n) for _, n in shapes), default=0)
+        entries = sum(copies * lanes(k, cluster) * self.chunk(n) for k, n in shapes)
         entries += ROWS * (
-            sum(lanes(v.aval.shape[-1]) for v in loop.carry_in) + copies * self.widest
+            sum(self.chunk(v.aval.shape[-1]) for v in loop.carry_in) + copies * self.widest
         )
         self.shared_bytes = 4 * entries
+        widths = [
+            v.aval.shape[-1]
+            for eqn in loop.recurrence
+            for v in eqn.outvars
+            if len(v.aval.shape) == 1
+        ]
+        self.tile = ROWS * max((self.chunk(n) for n in widths), default=0)
         held = [*loop.step_residuals, *self.vectors]
         self.prefetch = (
-            sum(lanes(v.aval.shape[-1]) * ROWS // 128 for v in held) <= PREFETCH_REGISTERS
+            sum(self.chunk(v.aval.shape[-1]) * ROWS // 128 for v in held) <= PREFETCH_REGISTERS
         )
 
 
@@ -200,6 +269,15 @@ def _load(ref):
     return plgpu.load(ref, layout=plgpu.Layout.WGMMA, optimized=False)
 
 
+def _store(ref, x) -> None:
+    """``x`` (registers) written to ``ref`` in global memory, rows of any width (JAX 0.12's
+    ``ref[...] = x`` asks for whole 128-byte lines; 0.10 has no ``plgpu.store``)."""
+    if hasattr(plgpu, "store"):
+        plgpu.store(ref, x, optimized=False)
+    else:  # JAX 0.10
+        ref[...] = x
+
+
 def _transposed(ref):
     """``ref`` read transposed (its last two axes swapped)."""
     if hasattr(plgpu, "transpose_ref"):  # JAX 0.10
@@ -207,12 +285,12 @@ def _transposed(ref):
     return ref.transpose((1, 0))
 
 
-def _swizzled() -> tuple:
-    return (plgpu.TilingTransform((8, LANES)), plgpu.SwizzleTransform(128))
-
-
 def _smem(shape) -> Any:
-    return plgpu.SMEM(tuple(shape), jnp.float32, transforms=_swizzled())
+    """Shared memory of ``shape`` (float32), its rows swizzled (128 bytes; 32 or 64 where a
+    row has 8 or 16 entries)."""
+    row = min(int(shape[-1]), LANES)
+    transforms = (plgpu.TilingTransform((8, row)), plgpu.SwizzleTransform(4 * row))
+    return plgpu.SMEM(tuple(shape), jnp.float32, transforms=transforms)
 
 
 def tf32(x):
@@ -291,25 +369,27 @@ class MosaicGPU(Backend):
                 found = _product(eqn, constants)
                 if isinstance(found, str):
                     return found
-                _, matrix, transposed = found
-                n = matrix.aval.shape[0 if transposed else 1]
-                if lanes(n) > MAX_COLUMNS:
-                    return (
-                        f"a product of {n} columns (the widest wgmma is {MAX_COLUMNS}; wider "
-                        "products are not split yet)"
-                    )
-        used = Analysis(loop).shared_bytes
-        if used > SHARED_BYTES:
-            return f"the loop keeps {used} bytes in shared memory (a block has {SHARED_BYTES})"
+        analysis = Analysis(loop)
+        blocks = f"split over {analysis.cluster} blocks" if analysis.cluster > 1 else "in one block"
+        if analysis.columns > MAX_COLUMNS:
+            return (
+                f"a product of {analysis.columns} columns a block {blocks} (the widest wgmma "
+                f"is {MAX_COLUMNS})"
+            )
+        if analysis.shared_bytes > SHARED_BYTES:
+            return (
+                f"the loop keeps {analysis.shared_bytes} bytes of shared memory a block, {blocks} "
+                f"(a block has {SHARED_BYTES})"
+            )
         return None
 
     def largest_tile(self, eqn) -> int:
         return max((ROWS * lanes(v.aval.shape[-1]) for v in eqn.outvars if v.aval.shape), default=0)
 
     def footprint(self, loop) -> Footprint:
-        # resident: its shared memory, in float32 entries (PROGRAMS' max_resident)
-        tile = super().footprint(loop).tile
-        return Footprint(tile, Analysis(loop).shared_bytes // 4)
+        # a block's: its largest array, and its shared memory in float32 entries (PROGRAMS')
+        analysis = Analysis(loop)
+        return Footprint(analysis.tile, analysis.shared_bytes // 4)
 
     def run_equations(self, eqns, env, permuted=None, *, num_warps):
         raise NotImplementedError("the Mosaic GPU kernel evaluates its own equations")
@@ -411,6 +491,7 @@ class _RowsKernel:
 
     def __call__(self, init, constants, steps):
         split, analysis, length = self.split, self.analysis, self.length
+        cluster = analysis.cluster
         count = init[0].shape[0]
         padded_rows = rows(count)
         value = dict(zip(split.constant_residuals, constants))
@@ -419,33 +500,48 @@ class _RowsKernel:
             w = value[matrix].astype(jnp.float32)
             w = w if transposed else w.T  # (N, K): read K-major
             n, k = w.shape
-            w = jnp.pad(w, ((0, lanes(n) - n), (0, lanes(k) - k)))
+            w = jnp.pad(w, ((0, lanes(n, cluster) - n), (0, lanes(k, cluster) - k)))
             matrices += list(split_tf32(w)) if analysis.full else [w]
         vectors = [
-            jnp.broadcast_to(_lanes(value[v].astype(jnp.float32)), (ROWS, lanes(v.aval.shape[-1])))
+            jnp.broadcast_to(
+                _lanes(value[v].astype(jnp.float32), cluster),
+                (ROWS, lanes(v.aval.shape[-1], cluster)),
+            )
             for v in analysis.vectors
         ]
         init_rows = [
-            jnp.pad(_lanes(x.astype(jnp.float32)), ((0, padded_rows - count), (0, 0))) for x in init
+            jnp.pad(_lanes(x.astype(jnp.float32), cluster), ((0, padded_rows - count), (0, 0)))
+            for x in init
         ]
         step_rows = [
-            jnp.pad(_lanes(s.astype(jnp.float32)), ((0, 0), (0, padded_rows - s.shape[1]), (0, 0)))
+            jnp.pad(
+                _lanes(s.astype(jnp.float32), cluster),
+                ((0, 0), (0, padded_rows - s.shape[1]), (0, 0)),
+            )
             for s in steps
         ]
-        carry_lanes = [lanes(v.aval.shape[-1]) for v in split.carry_in]
+        carry_lanes = [lanes(v.aval.shape[-1], cluster) for v in split.carry_in]
         out_type = [
             jax.ShapeDtypeStruct((length, padded_rows, n), jnp.float32) for n in carry_lanes
         ]
+        # a cluster's exchange of each gathered vector: two slots (steps alternate)
+        out_type += [
+            jax.ShapeDtypeStruct((2, padded_rows, lanes(v.aval.shape[-1], cluster)), jnp.float32)
+            for v in analysis.exchanged
+        ]
         widest = analysis.widest
         scratch = [
-            *(_smem(m.shape) for m in matrices),
-            *(_smem((ROWS, n)) for n in carry_lanes),
+            *(_smem((m.shape[0] // cluster, m.shape[1])) for m in matrices),
+            *(_smem((ROWS, n // cluster)) for n in carry_lanes),
             *(_smem((ROWS, widest)) for _ in range((1 + analysis.full) if widest else 0)),
             plgpu.Barrier(num_arrivals=len(matrices) + len(init), num_barriers=1),
         ]
+        options: dict[str, Any] = {} if self.interpret is None else {"interpret": self.interpret}
+        if cluster > 1:
+            scratch.append(plgpu.ClusterBarrier(collective_axes=("cols",), num_arrivals=1))
+            options.update(cluster=(cluster,), cluster_names=("cols",))
         body = _Body(self, len(matrices), len(vectors), len(step_rows), len(init), carry_lanes)
         body.__name__ = self.name  # the kernel's name in the lowered program
-        options = {} if self.interpret is None else {"interpret": self.interpret}
         outs = plgpu.kernel(
             body,
             out_type=out_type,
@@ -461,10 +557,28 @@ class _RowsKernel:
         ]
 
 
-def _lanes(x):
-    """``x`` zero-padded along its last axis to whole swizzled rows."""
+def _lanes(x, cluster: int = 1):
+    """``x`` zero-padded along its last axis to whole swizzled rows for each block."""
     n = x.shape[-1]
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, lanes(n) - n)])
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, lanes(n, cluster) - n)])
+
+
+def _block_lanes(block, width: int, cluster: int):
+    """Block ``block``'s lanes of an array ``width`` lanes wide split over ``cluster``."""
+    share = width // cluster
+    return pl.ds(block * share, share)
+
+
+def _matrix_columns(block, width: int, cluster: int):
+    """The columns of a matrix (``width`` of them, stored as rows) that block ``block``
+    keeps: those of its lanes of the product."""
+    return _block_lanes(block, width, cluster)
+
+
+def _all_wrote(barrier) -> None:
+    """Waits until every block of the cluster has written its lanes to the exchange."""
+    plgpu.barrier_arrive(barrier)
+    plgpu.barrier_wait(barrier)
 
 
 class _Body:
@@ -478,38 +592,70 @@ class _Body:
     def __call__(self, *refs):
         kernel = self.kernel
         split, analysis = kernel.split, kernel.analysis
+        cluster = analysis.cluster
         nm, nv, ns, nc = self.counts
         full = analysis.full
         it = iter(refs)
-        init_g, mat_g, vec_g, step_g, out_g = (
-            [next(it) for _ in range(n)] for n in (nc, nm, nv, ns, nc)
+        init_g, mat_g, vec_g, step_g, out_g, exchange_g = (
+            [next(it) for _ in range(n)] for n in (nc, nm, nv, ns, nc, len(analysis.exchanged))
         )
         mat_s, carry_s = ([next(it) for _ in range(n)] for n in (nm, nc))
         stage_s = [next(it) for _ in range((1 + full) if analysis.products else 0)]
         loaded = next(it)
+        gathered_all = next(it) if cluster > 1 else None
         here = pl.ds(lax.axis_index("rows") * ROWS, ROWS)
+        block = lax.axis_index("cols") if cluster > 1 else 0
         length, reverse = kernel.length, kernel.reverse
+
+        def mine(width):
+            """This block's lanes of an array ``width`` lanes wide (all of them in one block)."""
+            return slice(None) if cluster == 1 else _block_lanes(block, width, cluster)
+
+        def lane(n, width):
+            """Whether each lane of this block's chunk is one of a vector's ``n`` entries."""
+            index = plgpu.broadcasted_iota(
+                jnp.int32, (ROWS, width // cluster), 1, layout=plgpu.Layout.WGMMA
+            )
+            return index + block * (width // cluster) < n
 
         def time(i):
             return length - 1 - i if reverse else i
 
-        # the loop's matrices, and the carry entering the first step
+        # this block's columns of the loop's matrices, and of the carry entering the first step
         for g, s in zip(mat_g, mat_s):
-            plgpu.copy_gmem_to_smem(g, s, loaded.at[0])
+            columns = slice(None) if cluster == 1 else _matrix_columns(block, g.shape[0], cluster)
+            plgpu.copy_gmem_to_smem(g.at[columns], s, loaded.at[0])
         for g, s in zip(init_g, carry_s):
-            plgpu.copy_gmem_to_smem(g.at[here], s, loaded.at[0])
+            plgpu.copy_gmem_to_smem(g.at[here, mine(g.shape[-1])], s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
         per = 1 + full
         weights = {key: mat_s[j * per : (j + 1) * per] for j, key in enumerate(analysis.matrices)}
 
         def residuals(i):
             t = time(jnp.minimum(i, length - 1))  # the last step's next: itself again
-            return [_load(g.at[t, here]) for g in step_g] + [_load(g) for g in vec_g]
+            return [_load(g.at[t, here, mine(g.shape[-1])]) for g in step_g] + [
+                _load(g.at[:, mine(g.shape[-1])]) for g in vec_g
+            ]
 
-        def product(eqn, env):
-            vec, matrix, transposed, wanted = analysis.products[eqn]
+        def operand(vec, env):
+            """``vec``'s value with its padded lanes zero (a product reads them)."""
+            n = vec.aval.shape[-1]
+            width = lanes(n, cluster)
             x = env[vec]
-            width = lanes(vec.aval.shape[-1])
+            return x if n == width else jnp.where(lane(n, width), x, 0.0)
+
+        def gather(vec, env, slot, gathered):
+            """``vec`` whole for this block's rows, in global memory: each block writes its
+            lanes to the exchange, and all wait for all at the cluster's barrier."""
+            if vec not in gathered:
+                exchange = exchange_g[analysis.exchanged.index(vec)].at[slot]
+                _store(exchange.at[here, mine(exchange.shape[-1])], operand(vec, env))
+                _all_wrote(gathered_all)
+                gathered[vec] = exchange.at[here]
+            return gathered[vec]
+
+        def staged(x, width):
+            """``x`` (``width`` lanes) in the stage buffers: ``(hi, lo)`` at full precision."""
             stage = [b.at[:, pl.ds(0, width)] if b.shape[-1] != width else b for b in stage_s]
             if full:
                 hi, lo = split_tf32(x)
@@ -518,27 +664,42 @@ class _Body:
             else:
                 stage[0][...] = x
             plgpu.commit_smem()
+            return stage
+
+        def product(eqn, env, slot, gathered):
+            vec, matrix, transposed, wanted = analysis.products[eqn]
             w = weights[(matrix, transposed)]
-            pairs = [(stage[0], w[0])]
-            if full and wanted:
-                pairs += [(stage[0], w[1]), (stage[1], w[0])]
+            k = lanes(vec.aval.shape[-1], cluster)
+            step = analysis.stage(vec.aval.shape[-1])
+            source = gather(vec, env, slot, gathered) if cluster > 1 else None
 
             def scope(acc):
-                for a, b in pairs:
-                    plgpu.wgmma(acc, a, _transposed(b))
+                for start in range(0, k, step):
+                    if start:  # the last part's products have read the stage
+                        plgpu.wgmma_wait(0)
+                    part = pl.ds(start, step)
+                    x = operand(vec, env) if source is None else _load(source.at[:, part])
+                    stage = staged(x, step)
+                    parts = w if step == k else [b.at[:, part] for b in w]
+                    pairs = [(stage[0], parts[0])]
+                    if full and wanted:
+                        pairs += [(stage[0], parts[1]), (stage[1], parts[0])]
+                    for a, b in pairs:
+                        plgpu.wgmma(acc, a, _transposed(b))
                 return acc[...]
 
             return pl.run_scoped(scope, plgpu.ACC((ROWS, w[0].shape[0]), jnp.float32))
 
-        def step(i, current):
+        def step(i, current, slot):
             following = residuals(i + 1) if kernel.prefetch else None
             current = current if kernel.prefetch else residuals(i)
             env = {v: _load(s) for v, s in zip(split.carry_in, carry_s)}
             env.update(zip([*split.step_residuals, *analysis.vectors], current))
+            gathered: dict = {}
             for eqn in split.recurrence:
                 name = eqn.primitive.name
                 if eqn in analysis.products:
-                    env[eqn.outvars[0]] = product(eqn, env)
+                    env[eqn.outvars[0]] = product(eqn, env, slot, gathered)
                 elif name in IDENTITY:
                     env[eqn.outvars[0]] = env[eqn.invars[0]]
                 else:
@@ -553,14 +714,11 @@ class _Body:
             news = []
             for v, n in zip(split.carry_out, self.carry_lanes):
                 if isinstance(v, Literal):
-                    new = jnp.full((ROWS, n), v.val, jnp.float32)
+                    new = jnp.full((ROWS, n // cluster), v.val, jnp.float32)
+                elif v.aval.shape[-1] != n:  # padded lanes stay zero
+                    new = jnp.where(lane(v.aval.shape[-1], n), env[v], 0.0)
                 else:
                     new = env[v]
-                    if v.aval.shape[-1] != n:  # padded lanes stay zero
-                        lane = plgpu.broadcasted_iota(
-                            jnp.int32, (ROWS, n), 1, layout=plgpu.Layout.WGMMA
-                        )
-                        new = jnp.where(lane < v.aval.shape[-1], new, 0.0)
                 news.append(new)
             # the carries copied out a step ago have left the buffers (read: not written yet)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
@@ -568,14 +726,14 @@ class _Body:
                 s[...] = new
             plgpu.commit_smem()
             for s, g in zip(carry_s, out_g):
-                plgpu.copy_smem_to_gmem(s, g.at[time(i), here])
+                plgpu.copy_smem_to_gmem(s, g.at[time(i), here, mine(g.shape[-1])])
             return following
 
         def pair(j, current):
-            return step(2 * j + 1, step(2 * j, current))
+            return step(2 * j + 1, step(2 * j, current, 0), 1)
 
         first = residuals(0) if kernel.prefetch else None
         current = lax.fori_loop(0, length // 2, pair, first)
         if length % 2:
-            step(length - 1, current)
+            step(length - 1, current, 0)
         plgpu.wait_smem_to_gmem(0)
