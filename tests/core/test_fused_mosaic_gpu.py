@@ -80,6 +80,24 @@ def _cell(name, hidden):
     return body, init
 
 
+def _bfloat16_cell(name, hidden):
+    """:func:`_cell` with its parameters, state and inputs in bfloat16."""
+    model, cell, leaves = CELLS[name]
+    params = jax.tree.map(
+        lambda a: a.astype(jnp.bfloat16), model().init(3, hidden, key=jax.random.key(0))
+    )
+
+    def body(h, x):
+        return cell(params, h, x), 0.0
+
+    def init(*batch):
+        keys = jax.random.split(jax.random.key(1), leaves)
+        state = [jax.random.normal(k, (*batch, hidden)).astype(jnp.bfloat16) for k in keys]
+        return state[0] if leaves == 1 else tuple(state)
+
+    return body, init
+
+
 def _loss(scan, body, reverse=False):
     def loss(init, xs):
         final, _ = scan(body, init, xs, reverse=reverse)
@@ -151,6 +169,23 @@ def test_a_loop_takes_the_fewest_blocks_of_a_cluster_that_hold_it(name, hidden, 
         assert analysis.shared_bytes > mosaic_gpu.SHARED_BYTES
 
 
+@pytest.mark.parametrize(
+    "name, hidden, blocks",
+    [("rnn", 20, 1), ("rnn", 1024, 16), ("gru", 512, 8), ("lstm", 512, 16)],
+)
+def test_bfloat16_loops_keep_their_matrices_once_in_bfloat16(name, hidden, blocks):
+    """bfloat16 products run on bfloat16 operands: a matrix once, two bytes an entry, which
+    takes the RNN to H = 1024 and the GRU and LSTM to 512."""
+    body, init = _bfloat16_cell(name, hidden)
+    problem = _problem(body, init(), jnp.ones((4, 3), jnp.bfloat16))
+    plan = bppsa.Fused().prepare(problem, _mosaic_profile())
+    assert not isinstance(plan, str), plan
+    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    assert analysis.cluster == blocks and analysis.half == set(analysis.matrices)
+    assert not analysis.full and analysis.widest == 0 and analysis.widest_half > 0
+    assert analysis.shared_bytes <= mosaic_gpu.SHARED_BYTES
+
+
 def test_each_block_computes_whole_swizzled_rows_of_every_vector():
     for cluster in mosaic_gpu.CLUSTERS:
         for n in (1, 8, 20, 24, 64, 100, 128, 256, 300, 512, 1024):
@@ -173,6 +208,22 @@ def test_loops_past_a_cluster_are_refused_naming_shared_memory(on_mosaic, name, 
     with pytest.warns(bppsa.FallbackWarning, match=reason):
         warnings.simplefilter("default", bppsa.FallbackWarning)
         bppsa.scan(body, init(), jnp.ones((4, 3)), forward="fused")
+    body, init = _bfloat16_cell("lstm", 1024)  # bfloat16: the LSTM past H = 512
+    with pytest.warns(bppsa.FallbackWarning, match=reason):
+        warnings.simplefilter("default", bppsa.FallbackWarning)
+        bppsa.scan(body, init(), jnp.ones((4, 3), jnp.bfloat16), forward="fused")
+
+
+def test_a_product_of_mixed_types_is_refused_by_name(on_mosaic):
+    w = jnp.ones((20, 20), jnp.bfloat16)
+
+    def body(h, x):
+        product = lax.dot(h.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+        return jnp.tanh(product + x), 0.0
+
+    with pytest.warns(bppsa.FallbackWarning, match=r"a product of mixed types \(bfloat16, float32"):
+        warnings.simplefilter("default", bppsa.FallbackWarning)
+        bppsa.scan(body, jnp.zeros(20), jnp.ones((4, 20)), forward="fused")
 
 
 def test_a_primitive_outside_the_table_is_refused_by_name(on_mosaic):
@@ -275,6 +326,60 @@ def test_the_interpreted_kernels_equal_lax_scan_and_bp(
     assert not interpret_pallas_call.get_races().races_found
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "name, hidden, batch",
+    [("rnn", 20, 16), ("gru", 20, 16), ("lstm", 64, 64), ("cifg", 20, 16), ("rnn", 1024, 16)],
+)
+def test_bfloat16_loops_lower_to_mosaic_gpu_kernels(on_mosaic, name, hidden, batch):
+    body, init = _bfloat16_cell(name, hidden)
+    loss = _loss(_fused, body)
+    grad = jax.grad(lambda i, x: jnp.sum(jax.vmap(loss)(i, x)))
+    text = _lowered(grad, init(batch), jnp.ones((batch, 9, 3), jnp.bfloat16))
+    assert text.count("bppsa_fused_forward") >= 1 and text.count("bppsa_fused_backward") >= 1
+    assert "mosaic_gpu" in text and "stablehlo.while" not in text
+    assert ("cluster_block_id" in text) == (hidden > 128)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "name, hidden, batch",
+    [("rnn", 20, 16), ("gru", 20, 16), ("lstm", 64, 16), ("cifg", 20, 64), ("lstm", 512, 16)],
+)
+def test_bfloat16_interpreted_kernels_are_as_close_to_float64_as_bp(on_mosaic, name, hidden, batch):
+    """In bfloat16 each operation rounds (as the loop's jaxpr says) where XLA may keep excess
+    precision, so values are not bit-equal to lax.scan's: the value and gradients are as close
+    to float64 (same bfloat16 inputs) as back-propagation's, and within bfloat16 rounding of
+    them."""
+    body, init = _bfloat16_cell(name, hidden)
+    state = init(batch)
+    xs = jax.random.normal(jax.random.key(2), (batch, 7, 3)).astype(jnp.bfloat16)
+
+    def run(scan, body, state, xs):
+        return jax.value_and_grad(_batched(_loss(scan, body), batch), (0, 1))(state, xs)
+
+    ours, bp = run(_fused, body, state, xs), run(lax.scan, body, state, xs)
+    model, cell, _ = CELLS[name]
+    params = model().init(3, hidden, key=jax.random.key(0))
+    with jax.enable_x64(True):
+        wide = jax.tree.map(lambda a: jnp.asarray(np.asarray(a, np.float64)), (state, xs))
+        wide_params = jax.tree.map(
+            lambda a: jnp.asarray(np.asarray(a.astype(jnp.bfloat16), np.float64)), params
+        )
+        exact = run(lax.scan, lambda h, x: (cell(wide_params, h, x), 0.0), *wide)
+        exact = [np.asarray(a) for a in jax.tree.leaves(exact)]
+
+    def error(result):
+        return max(
+            np.max(np.abs(np.asarray(a, np.float64) - b)) / np.max(np.abs(b))
+            for a, b in zip(jax.tree.leaves(result), exact)
+        )
+
+    assert error(ours) <= 2 * error(bp) + 1e-3, (error(ours), error(bp))
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(bp)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.max(np.abs(a - b)) <= 0.05 * np.max(np.abs(b)) + 1e-2
 
 
 def _batched(loss, batch):

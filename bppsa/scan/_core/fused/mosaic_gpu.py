@@ -34,9 +34,16 @@ pair, so that a step never overwrites what a block may still be reading). The ex
 through global memory (L2), not the peers' shared memory, because Mosaic GPU's interpreter
 runs only the former: the kernel tested on the CPU is the kernel a device runs.
 
-:meth:`MosaicGPU.unsupported_loop` says what the kernel cannot run: types other than float32,
-arrays other than vectors, products other than a vector with a constant matrix, primitives
-outside its table, or shared memory beyond a block's at 16 blocks.
+bfloat16. A loop's bfloat16 values are held as float32 in registers, each rounded to
+bfloat16 after the operation that gives it (as the loop's jaxpr says: XLA may keep excess
+precision between fused operations, so the values are not bit-equal to ``lax.scan``'s); a
+bfloat16 product runs one ``wgmma`` on bfloat16 operands (its matrix kept once, two bytes an
+entry) and float32 accumulation. Carries, residuals and the exchange stay float32 in memory.
+
+:meth:`MosaicGPU.unsupported_loop` says what the kernel cannot run: types other than float32
+and bfloat16, a product of mixed types, arrays other than vectors, products other than a
+vector with a constant matrix, primitives outside its table, or shared memory beyond a block's
+at 16 blocks.
 
 JAX's API drift between its versions (``plgpu.load``'s index, transposed references) stays in
 this module; where Pallas' Mosaic GPU backend cannot be imported, ``import bppsa`` still works and
@@ -72,6 +79,9 @@ MAX_COLUMNS = 256  # the widest wgmma
 # 8; Mosaic GPU's launch allows it); the kernel takes the fewest that hold the loop.
 CLUSTERS = (1, 2, 4, 8, 16)
 STAGE_LANES = 128  # lanes of a product's operand a cluster kernel stages at a time (at most)
+# The types a loop's values may have: registers hold float32, rounded to a bfloat16 value's
+# precision after each operation that gives one; bfloat16 products run on bfloat16 operands.
+TYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16))
 PREFETCH_REGISTERS = 64  # registers a thread may hold for the next step's residuals (ASSUMED)
 # One block of one warpgroup: its widest array (a (64, 256) product) and its shared memory in
 # float32 entries. Not measured: the limits of the hardware.
@@ -141,6 +151,18 @@ def rows(n: int) -> int:
     return max(ROWS, -(-int(n) // ROWS) * ROWS)
 
 
+def _halved(v) -> bool:
+    """Whether ``v`` is a bfloat16 value."""
+    return np.dtype(v.aval.dtype) == np.dtype(jnp.bfloat16)
+
+
+def _rounded(x, dtype):
+    """``x`` (float32) rounded to ``dtype``'s precision where that is bfloat16, as float32."""
+    if np.dtype(dtype) != np.dtype(jnp.bfloat16):
+        return x
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
 def _full_precision(eqn) -> bool:
     """Whether ``eqn``'s product runs at full float32 precision (three TF32 products): unless
     its precision asks for the default (TF32 alone)."""
@@ -180,18 +202,21 @@ class Analysis:
         products: ``eqn -> (vector, matrix, transposed, full)`` of every product.
         matrices: the constant matrices, each ``(variable, transposed)`` once.
         vectors: the other constants (vectors).
-        full: whether any product runs at full precision (the matrices kept twice, hi and lo).
+        full: whether any float32 product runs at full precision (float32 matrices kept
+            twice, hi and lo).
+        half: the matrices of bfloat16 products (kept as bfloat16, once).
         cluster: the blocks of a cluster the loop's lanes are split over, the fewest of
             :data:`CLUSTERS` whose blocks hold it (the largest where none does): block ``j``
             computes lane chunk ``j`` of every vector, with the columns of each matrix that
             give it; each product's vector is gathered whole from all blocks first.
         exchanged: the vectors a cluster kernel gathers for its products (none for one block).
-        widest: lanes of the widest operand a product stages in shared memory at a time.
+        widest: lanes of the widest operand a float32 product stages in shared memory at a
+            time (``widest_half``: a bfloat16 product).
         columns: the most columns a block's product computes.
         tile: entries of the largest array a block forms.
-        shared_bytes: the shared memory a block uses: its matrices' columns (twice at full
-            precision), a buffer of its chunk of each carry, and one staged product operand
-            (twice at full precision).
+        shared_bytes: the shared memory a block uses: its matrices' columns (float32 ones
+            twice at full precision), a buffer of its chunk of each carry (float32), and one
+            staged operand of each type of product (float32's twice at full precision).
         prefetch: whether a step's residuals (and the vector constants) can be loaded during
             the step before, held in registers (up to :data:`PREFETCH_REGISTERS` a thread);
             else each step loads its own at its start.
@@ -212,9 +237,10 @@ class Analysis:
                 if vector not in exchanged:
                     exchanged.append(vector)
         self.matrices = matrices
+        self.half = {(m, t) for m, t in matrices if _halved(m)}
         used = {m for m, _ in matrices}
         self.vectors = [v for v in loop.constant_residuals if v not in used]
-        self.full = any(full for *_, full in self.products.values())
+        self.full = any(full and not _halved(m) for _, m, _, full in self.products.values())
         for cluster in CLUSTERS:
             self._size(loop, cluster)
             if self.shared_bytes <= SHARED_BYTES and self.columns <= MAX_COLUMNS:
@@ -231,18 +257,30 @@ class Analysis:
         padded = lanes(n, self.cluster)
         return padded if self.cluster == 1 else math.gcd(padded, STAGE_LANES)
 
+    def copies(self, key) -> int:
+        """The copies of matrix ``key`` kept: a float32 one's hi and lo at full precision."""
+        return 2 if self.full and key not in self.half else 1
+
     def _size(self, loop, cluster: int) -> None:
         self.cluster = cluster
         copies = 2 if self.full else 1
-        operands = [v.aval.shape[-1] for v, *_ in self.products.values()]
-        self.widest = max((self.stage(k) for k in operands), default=0)
-        shapes = [m.aval.shape[::-1] if t else m.aval.shape for m, t in self.matrices]  # (K, N)
-        self.columns = max((self.chunk(n) for _, n in shapes), default=0)
-        entries = sum(copies * lanes(k, cluster) * self.chunk(n) for k, n in shapes)
-        entries += ROWS * (
-            sum(self.chunk(v.aval.shape[-1]) for v in loop.carry_in) + copies * self.widest
+        operands = [(v.aval.shape[-1], _halved(m)) for v, m, *_ in self.products.values()]
+        self.widest = max((self.stage(k) for k, half in operands if not half), default=0)
+        self.widest_half = max((self.stage(k) for k, half in operands if half), default=0)
+        shapes = {
+            key: key[0].aval.shape[::-1] if key[1] else key[0].aval.shape  # (K, N)
+            for key in self.matrices
+        }
+        self.columns = max((self.chunk(n) for _, n in shapes.values()), default=0)
+        self.shared_bytes = sum(
+            self.copies(key) * (2 if key in self.half else 4) * lanes(k, cluster) * self.chunk(n)
+            for key, (k, n) in shapes.items()
         )
-        self.shared_bytes = 4 * entries
+        self.shared_bytes += ROWS * (
+            4 * sum(self.chunk(v.aval.shape[-1]) for v in loop.carry_in)
+            + 4 * copies * self.widest
+            + 2 * self.widest_half
+        )
         widths = [
             v.aval.shape[-1]
             for eqn in loop.recurrence
@@ -285,12 +323,13 @@ def _transposed(ref):
     return ref.transpose((1, 0))
 
 
-def _smem(shape) -> Any:
-    """Shared memory of ``shape`` (float32), its rows swizzled (128 bytes; 32 or 64 where a
-    row has 8 or 16 entries)."""
-    row = min(int(shape[-1]), LANES)
-    transforms = (plgpu.TilingTransform((8, row)), plgpu.SwizzleTransform(4 * row))
-    return plgpu.SMEM(tuple(shape), jnp.float32, transforms=transforms)
+def _smem(shape, dtype=jnp.float32) -> Any:
+    """Shared memory of ``shape`` and ``dtype``, its rows swizzled: 128 bytes, or 64 or 32
+    where its last axis is no whole number of 128-byte rows."""
+    size = np.dtype(dtype).itemsize
+    row = next(r for r in (128 // size, 64 // size, 32 // size) if int(shape[-1]) % r == 0)
+    transforms = (plgpu.TilingTransform((8, row)), plgpu.SwizzleTransform(size * row))
+    return plgpu.SMEM(tuple(shape), dtype, transforms=transforms)
 
 
 def tf32(x):
@@ -335,8 +374,8 @@ class MosaicGPU(Backend):
                     return f"{name} of an array literal"
                 continue
             dtype = np.dtype(v.aval.dtype)
-            if dtype != np.float32:
-                return f"{name} of {dtype.name} (this kernel runs float32)"
+            if dtype not in TYPES:
+                return f"{name} of {dtype.name} (this kernel runs float32 and bfloat16)"
         if name == "dot_general":
             return None  # checked with the loop's constants (unsupported_loop)
         if name not in ELEMENTWISE:
@@ -369,6 +408,9 @@ class MosaicGPU(Backend):
                 found = _product(eqn, constants)
                 if isinstance(found, str):
                     return found
+                types = {np.dtype(v.aval.dtype).name for v in [*eqn.invars, *eqn.outvars]}
+                if len(types) > 1:
+                    return f"a product of mixed types ({', '.join(sorted(types))})"
         analysis = Analysis(loop)
         blocks = f"split over {analysis.cluster} blocks" if analysis.cluster > 1 else "in one block"
         if analysis.columns > MAX_COLUMNS:
@@ -496,12 +538,16 @@ class _RowsKernel:
         padded_rows = rows(count)
         value = dict(zip(split.constant_residuals, constants))
         matrices = []
-        for matrix, transposed in analysis.matrices:
+        for key in analysis.matrices:
+            matrix, transposed = key
             w = value[matrix].astype(jnp.float32)
             w = w if transposed else w.T  # (N, K): read K-major
             n, k = w.shape
             w = jnp.pad(w, ((0, lanes(n, cluster) - n), (0, lanes(k, cluster) - k)))
-            matrices += list(split_tf32(w)) if analysis.full else [w]
+            if key in analysis.half:
+                matrices.append(w.astype(jnp.bfloat16))
+            else:
+                matrices += list(split_tf32(w)) if analysis.copies(key) == 2 else [w]
         vectors = [
             jnp.broadcast_to(
                 _lanes(value[v].astype(jnp.float32), cluster),
@@ -529,11 +575,12 @@ class _RowsKernel:
             jax.ShapeDtypeStruct((2, padded_rows, lanes(v.aval.shape[-1], cluster)), jnp.float32)
             for v in analysis.exchanged
         ]
-        widest = analysis.widest
+        widest, half = analysis.widest, analysis.widest_half
         scratch = [
-            *(_smem((m.shape[0] // cluster, m.shape[1])) for m in matrices),
+            *(_smem((m.shape[0] // cluster, m.shape[1]), m.dtype) for m in matrices),
             *(_smem((ROWS, n // cluster)) for n in carry_lanes),
             *(_smem((ROWS, widest)) for _ in range((1 + analysis.full) if widest else 0)),
+            *([_smem((ROWS, half), jnp.bfloat16)] if half else []),
             plgpu.Barrier(num_arrivals=len(matrices) + len(init), num_barriers=1),
         ]
         options: dict[str, Any] = {} if self.interpret is None else {"interpret": self.interpret}
@@ -600,7 +647,8 @@ class _Body:
             [next(it) for _ in range(n)] for n in (nc, nm, nv, ns, nc, len(analysis.exchanged))
         )
         mat_s, carry_s = ([next(it) for _ in range(n)] for n in (nm, nc))
-        stage_s = [next(it) for _ in range((1 + full) if analysis.products else 0)]
+        stage_s = [next(it) for _ in range((1 + full) if analysis.widest else 0)]
+        stage_half = next(it) if analysis.widest_half else None
         loaded = next(it)
         gathered_all = next(it) if cluster > 1 else None
         here = pl.ds(lax.axis_index("rows") * ROWS, ROWS)
@@ -628,8 +676,10 @@ class _Body:
         for g, s in zip(init_g, carry_s):
             plgpu.copy_gmem_to_smem(g.at[here, mine(g.shape[-1])], s, loaded.at[0])
         plgpu.barrier_wait(loaded.at[0])
-        per = 1 + full
-        weights = {key: mat_s[j * per : (j + 1) * per] for j, key in enumerate(analysis.matrices)}
+        weights, start = {}, 0
+        for key in analysis.matrices:
+            weights[key] = mat_s[start : start + analysis.copies(key)]
+            start += analysis.copies(key)
 
         def residuals(i):
             t = time(jnp.minimum(i, length - 1))  # the last step's next: itself again
@@ -654,10 +704,14 @@ class _Body:
                 gathered[vec] = exchange.at[here]
             return gathered[vec]
 
-        def staged(x, width):
-            """``x`` (``width`` lanes) in the stage buffers: ``(hi, lo)`` at full precision."""
-            stage = [b.at[:, pl.ds(0, width)] if b.shape[-1] != width else b for b in stage_s]
-            if full:
+        def staged(x, width, half):
+            """``x`` (``width`` lanes) in the stage buffers: ``(hi, lo)`` at full precision,
+            bfloat16 for a bfloat16 product (``half``)."""
+            buffers = [stage_half] if half else stage_s
+            stage = [b.at[:, pl.ds(0, width)] if b.shape[-1] != width else b for b in buffers]
+            if half:
+                stage[0][...] = x.astype(jnp.bfloat16)
+            elif full:
                 hi, lo = split_tf32(x)
                 stage[0][...] = hi
                 stage[1][...] = lo
@@ -669,6 +723,7 @@ class _Body:
         def product(eqn, env, slot, gathered):
             vec, matrix, transposed, wanted = analysis.products[eqn]
             w = weights[(matrix, transposed)]
+            half = (matrix, transposed) in analysis.half
             k = lanes(vec.aval.shape[-1], cluster)
             step = analysis.stage(vec.aval.shape[-1])
             source = gather(vec, env, slot, gathered) if cluster > 1 else None
@@ -679,16 +734,17 @@ class _Body:
                         plgpu.wgmma_wait(0)
                     part = pl.ds(start, step)
                     x = operand(vec, env) if source is None else _load(source.at[:, part])
-                    stage = staged(x, step)
+                    stage = staged(x, step, half)
                     parts = w if step == k else [b.at[:, part] for b in w]
                     pairs = [(stage[0], parts[0])]
-                    if full and wanted:
+                    if full and wanted and not half:
                         pairs += [(stage[0], parts[1]), (stage[1], parts[0])]
                     for a, b in pairs:
                         plgpu.wgmma(acc, a, _transposed(b))
                 return acc[...]
 
-            return pl.run_scoped(scope, plgpu.ACC((ROWS, w[0].shape[0]), jnp.float32))
+            out = pl.run_scoped(scope, plgpu.ACC((ROWS, w[0].shape[0]), jnp.float32))
+            return _rounded(out, eqn.outvars[0].aval.dtype)
 
         def step(i, current, slot):
             following = residuals(i + 1) if kernel.prefetch else None
@@ -709,7 +765,13 @@ class _Body:
                         jnp.full(shape, v.val, jnp.float32) if isinstance(v, Literal) else env[v]
                         for v in eqn.invars
                     ]
-                    outs = [args[0] + args[1]] if name == "add_any" else bind(eqn, *args)
+                    if name == "add_any":
+                        outs = [args[0] + args[1]]
+                    elif name == "convert_element_type":  # float32 and bfloat16: a rounding
+                        outs = [args[0]]
+                    else:
+                        outs = bind(eqn, *args)
+                    outs = [_rounded(o, v.aval.dtype) for o, v in zip(outs, eqn.outvars)]
                     env.update(zip(eqn.outvars, outs))
             news = []
             for v, n in zip(split.carry_out, self.carry_lanes):
