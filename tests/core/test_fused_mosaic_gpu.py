@@ -389,18 +389,25 @@ def _batched(loss, batch):
 
 
 @needs_interpreter
-def test_a_user_cell_with_a_transposed_product_runs_in_the_interpreter(on_mosaic):
-    """An unseen cell (``W h`` rather than ``h W``, a division, a literal) equals lax.scan."""
-    k = jax.random.split(jax.random.key(3), 2)
-    w = jax.random.normal(k[0], (24, 24)) / 5
-    xs = jax.random.normal(k[1], (16, 6, 24))
+@pytest.mark.parametrize("hidden, batch", [(24, 16), (300, 64)])  # 300: a cluster of 16
+def test_a_user_cell_with_a_transposed_product_runs_in_the_interpreter(on_mosaic, hidden, batch):
+    """An unseen cell (``W h`` rather than ``h W``, a division, a literal): values equal
+    lax.scan's and gradients back-propagation's."""
+    k = jax.random.split(jax.random.key(3), 3)
+    w = jax.random.normal(k[0], (hidden, hidden)) / np.sqrt(hidden)
+    xs = jax.random.normal(k[1], (batch, 6, hidden))
+    init = jax.random.normal(k[2], (batch, hidden))
 
     def body(h, x):
         return jnp.tanh(w @ h) / (1.5 + jnp.exp(-x)) + 0.25 * h, h
 
-    got = jax.vmap(lambda x: bppsa.scan(body, jnp.zeros(24), x, forward="fused")[0])(xs)
-    want = jax.vmap(lambda x: lax.scan(body, jnp.zeros(24), x)[0])(xs)
-    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-7)
+    got = jax.vmap(lambda i, x: bppsa.scan(body, i, x, forward="fused")[0])(init, xs)
+    want = jax.vmap(lambda i, x: lax.scan(body, i, x)[0])(init, xs)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    ours = jax.value_and_grad(_batched(_loss(_fused, body), batch), (0, 1))(init, xs)
+    theirs = jax.value_and_grad(_batched(_loss(lax.scan, body), batch), (0, 1))(init, xs)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
 
 
 @needs_interpreter
