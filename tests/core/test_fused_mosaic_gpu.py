@@ -186,6 +186,38 @@ def test_bfloat16_loops_keep_their_matrices_once_in_bfloat16(name, hidden, block
     assert analysis.shared_bytes <= mosaic_gpu.SHARED_BYTES
 
 
+@pytest.mark.parametrize(
+    "name, hidden, sizes",
+    [("lstm", 64, [4]), ("gru", 20, [3]), ("rnn", 128, [1]), ("lstm", 128, [4])],
+)
+def test_products_of_one_operand_are_issued_together(name, hidden, sizes):
+    """An LSTM's four gate products of ``h`` stage ``h`` once and wait once, as long as their
+    accumulators fit the registers (at H = 128 on 4 blocks: 32 columns each, all four)."""
+    body, init = _cell(name, hidden)
+    plan = bppsa.Fused().prepare(_problem(body, init(), jnp.ones((4, 3))), _mosaic_profile())
+    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    groups = list(dict.fromkeys(analysis.groups.values()))
+    assert [len(g) for g in groups] == sizes
+    assert len({analysis.products[e][0] for g in groups for e in g}) == 1
+
+
+def test_products_past_the_accumulator_registers_are_issued_apart():
+    k = jax.random.split(jax.random.key(7), 3)
+    w1, w2 = (jax.random.normal(key, (32, 256)) / 6 for key in k[:2])
+    w3 = jax.random.normal(k[2], (32, 32)) / 6
+
+    def body(carry, x):  # (64, 256) accumulators, 128 registers a thread each: one a group
+        a, _ = carry
+        return (jnp.tanh(a @ w3 + x), jnp.tanh(a @ w1) * jnp.tanh(a @ w2)), 0.0
+
+    init = (jnp.zeros(32), jnp.zeros(256))
+    plan = bppsa.Fused().prepare(_problem(body, init, jnp.ones((4, 32))), _mosaic_profile())
+    assert not isinstance(plan, str), plan
+    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    assert analysis.cluster == 1
+    assert sorted(len(g) for g in set(analysis.groups.values())) == [1, 1, 1]
+
+
 def test_each_block_computes_whole_swizzled_rows_of_every_vector():
     for cluster in mosaic_gpu.CLUSTERS:
         for n in (1, 8, 20, 24, 64, 100, 128, 256, 300, 512, 1024):

@@ -83,6 +83,7 @@ STAGE_LANES = 128  # lanes of a product's operand a cluster kernel stages at a t
 # precision after each operation that gives one; bfloat16 products run on bfloat16 operands.
 TYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16))
 PREFETCH_REGISTERS = 64  # registers a thread may hold for the next step's residuals (ASSUMED)
+ACCUMULATOR_REGISTERS = 128  # registers a thread may hold for products issued together (ASSUMED)
 # One block of one warpgroup: its widest array (a (64, 256) product) and its shared memory in
 # float32 entries. Not measured: the limits of the hardware.
 PROGRAMS = (FusedProgram(num_warps=4, max_tile=ROWS * MAX_COLUMNS, max_resident=SHARED_BYTES // 4),)
@@ -210,6 +211,9 @@ class Analysis:
             computes lane chunk ``j`` of every vector, with the columns of each matrix that
             give it; each product's vector is gathered whole from all blocks first.
         exchanged: the vectors a cluster kernel gathers for its products (none for one block).
+        groups: ``eqn -> products``: the products of one operand (an LSTM's four gates) that
+            the kernel issues together where the first of them comes, the operand staged once
+            and one wait for all (as many as :data:`ACCUMULATOR_REGISTERS` allows).
         widest: lanes of the widest operand a float32 product stages in shared memory at a
             time (``widest_half``: a bfloat16 product).
         columns: the most columns a block's product computes.
@@ -246,6 +250,7 @@ class Analysis:
             if self.shared_bytes <= SHARED_BYTES and self.columns <= MAX_COLUMNS:
                 break
         self.exchanged = exchanged if self.cluster > 1 else []
+        self.groups = self._grouped()
 
     def chunk(self, n: int) -> int:
         """Lanes of a vector of ``n`` entries that one block of the cluster computes."""
@@ -256,6 +261,22 @@ class Analysis:
         block, else a divisor of its lanes up to :data:`STAGE_LANES`."""
         padded = lanes(n, self.cluster)
         return padded if self.cluster == 1 else math.gcd(padded, STAGE_LANES)
+
+    def _grouped(self) -> dict:
+        """``eqn -> group``: the products of one operand, in order, issued together (their
+        accumulators up to :data:`ACCUMULATOR_REGISTERS` a thread)."""
+        groups: dict = {}
+        open_group: dict = {}
+        for eqn, (vector, matrix, transposed, _) in self.products.items():
+            n = matrix.aval.shape[0 if transposed else 1]
+            registers = ROWS * self.chunk(n) // 128
+            group, used = open_group.get(vector, ([], 0))
+            if group and used + registers > ACCUMULATOR_REGISTERS:
+                group, used = [], 0
+            group.append(eqn)
+            open_group[vector] = (group, used + registers)
+            groups[eqn] = group
+        return {eqn: tuple(group) for eqn, group in groups.items()}
 
     def copies(self, key) -> int:
         """The copies of matrix ``key`` kept: a float32 one's hi and lo at full precision."""
@@ -720,31 +741,37 @@ class _Body:
             plgpu.commit_smem()
             return stage
 
-        def product(eqn, env, slot, gathered):
-            vec, matrix, transposed, wanted = analysis.products[eqn]
-            w = weights[(matrix, transposed)]
-            half = (matrix, transposed) in analysis.half
+        def products(group, env, slot, gathered):
+            """The products of ``group`` (one operand, each with its matrix) into ``env``:
+            the operand staged once, all their ``wgmma`` issued before one wait."""
+            vec = analysis.products[group[0]][0]
+            keys = [analysis.products[eqn][1:3] for eqn in group]
+            half = keys[0] in analysis.half
             k = lanes(vec.aval.shape[-1], cluster)
             step = analysis.stage(vec.aval.shape[-1])
             source = gather(vec, env, slot, gathered) if cluster > 1 else None
 
-            def scope(acc):
+            def scope(*accs):
                 for start in range(0, k, step):
                     if start:  # the last part's products have read the stage
                         plgpu.wgmma_wait(0)
                     part = pl.ds(start, step)
                     x = operand(vec, env) if source is None else _load(source.at[:, part])
                     stage = staged(x, step, half)
-                    parts = w if step == k else [b.at[:, part] for b in w]
-                    pairs = [(stage[0], parts[0])]
-                    if full and wanted and not half:
-                        pairs += [(stage[0], parts[1]), (stage[1], parts[0])]
-                    for a, b in pairs:
-                        plgpu.wgmma(acc, a, _transposed(b))
-                return acc[...]
+                    for eqn, key, acc in zip(group, keys, accs):
+                        w = weights[key]
+                        parts = w if step == k else [b.at[:, part] for b in w]
+                        pairs = [(stage[0], parts[0])]
+                        if full and analysis.products[eqn][3] and not half:
+                            pairs += [(stage[0], parts[1]), (stage[1], parts[0])]
+                        for a, b in pairs:
+                            plgpu.wgmma(acc, a, _transposed(b))
+                return [acc[...] for acc in accs]
 
-            out = pl.run_scoped(scope, plgpu.ACC((ROWS, w[0].shape[0]), jnp.float32))
-            return _rounded(out, eqn.outvars[0].aval.dtype)
+            accs = [plgpu.ACC((ROWS, weights[key][0].shape[0]), jnp.float32) for key in keys]
+            outs = pl.run_scoped(scope, *accs)
+            for eqn, out in zip(group, outs):
+                env[eqn.outvars[0]] = _rounded(out, eqn.outvars[0].aval.dtype)
 
         def step(i, current, slot):
             following = residuals(i + 1) if kernel.prefetch else None
@@ -755,7 +782,8 @@ class _Body:
             for eqn in split.recurrence:
                 name = eqn.primitive.name
                 if eqn in analysis.products:
-                    env[eqn.outvars[0]] = product(eqn, env, slot, gathered)
+                    if eqn.outvars[0] not in env:  # else computed with its group
+                        products(analysis.groups[eqn], env, slot, gathered)
                 elif name in IDENTITY:
                     env[eqn.outvars[0]] = env[eqn.invars[0]]
                 else:
