@@ -232,6 +232,26 @@ def test_with_a_fused_kernel_the_default_forward_is_the_kernel_where_it_runs():
     assert "fused kernel: the primitive 'cumsum'" in plans[0].forward_because
 
 
+def test_a_backend_without_step_estimates_is_not_priced_with_another_s():
+    """A profile whose programs carry the kernel lab's estimates (Triton's) but whose fused
+    backend is Mosaic GPU (no estimate: unmeasured) ranks neither fused loop: the decision
+    says why, rather than pricing Mosaic GPU's kernels at Triton's estimates."""
+    mosaic = dataclasses.replace(
+        GPU, kernels=dataclasses.replace(GPU.kernels, fused_backend="mosaic_gpu")
+    )
+    assert cost.fused_rated(mosaic)
+    w = 0.4 * jnp.eye(3) + 0.1
+    xs = jnp.ones((2000, 3))
+    loss = functools.partial(rnn_loss, bppsa.scan)
+    for profile, fused in ((GPU, True), (mosaic, False)):
+        with bppsa.trace_plans() as plans:
+            jax.eval_shape(bppsa.grad(loss, method=bppsa.Auto(profile=profile)), w, xs)
+        assert (plans[0].forward == bppsa.Fused()) == fused, plans[0]
+        if not fused:
+            assert cost.UNPRICED in plans[0].forward_because, plans[0]
+            assert plans[0].method != bppsa.FusedSequential(), plans[0]
+
+
 def test_an_explicit_fused_forward_that_cannot_run_is_lax_scan_with_its_reason():
     xs = jnp.ones((7, 3), jnp.float32)
     body = lambda h, x: (jnp.tanh(jnp.cumsum(h) + x), h)

@@ -160,6 +160,22 @@ def fused_rated(profile: Profile) -> bool:
     )
 
 
+UNPRICED = (
+    "its backend has no estimate of its step (its kernels are unmeasured) and the profile no "
+    "measured fused_step_latency"
+)
+
+
+def unpriced(profile: Profile, estimate: float | None) -> str | None:
+    """Why a fused loop that a plan runs, with ``estimate`` the static estimate of its step
+    (``None``: its program has none, as Mosaic GPU's), is not ranked: neither that nor a
+    measured ``Rates.fused_step_latency`` prices it (another backend's estimates do not);
+    ``None``: it is priced."""
+    if estimate is not None or profile.rates.fused_step_latency is not None:
+        return None
+    return UNPRICED
+
+
 def fused_step(profile: Profile, estimate: float | None = None) -> float | None:
     """Seconds of one step of a fused loop on ``profile``: its measured
     ``Rates.fused_step_latency`` where set (a flat rate, which wins), else ``estimate`` (the

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from bppsa.scan import _kernels
-from bppsa.scan._core import fallback
+from bppsa.scan._core import cost, fallback
 from bppsa.scan._core.auto_forward import AutoForward
 from bppsa.scan._core.forward import Forward, SequentialForward
 from bppsa.scan._core.memory import MemoryLimitError
@@ -180,8 +180,11 @@ def decide(problem: Problem, options: Options) -> Decision:
         made = None if profile.measured_rules else prepare(asked.kernel)
         # the static estimate of a step of the fused forward's loop, its plan's program's
         step = None if made is None or isinstance(made, str) else made.step_latency
+        fused_because = because(made)
+        if fused_because is None and made is not None:  # planned: priced by its own estimate
+            fused_because = cost.unpriced(profile, step)
         forward, forward_because = asked.forward_for(
-            dataclasses.replace(fp, fused_forward_step=step), method, solver, profile, because(made)
+            dataclasses.replace(fp, fused_forward_step=step), method, solver, profile, fused_because
         )
     else:
         forward = asked.resolved(problem, fp, chooser, profile)

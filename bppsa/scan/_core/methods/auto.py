@@ -418,7 +418,10 @@ def checked_footprint(
         FUSED_SEQUENTIAL.prepare(problem, profile) if prepare is None else prepare(FUSED_SEQUENTIAL)
     )
     step = None if isinstance(made, str) else made.step_latency
-    return dataclasses.replace(fp, fused_backward=because(made), fused_backward_step=step)
+    reason = because(made)
+    if reason is None:  # planned: priced by its own estimate
+        reason = cost.unpriced(profile, step)
+    return dataclasses.replace(fp, fused_backward=reason, fused_backward_step=step)
 
 
 def _predicted(candidates, fp: Footprint, profile: Profile) -> dict[Method, float]:
