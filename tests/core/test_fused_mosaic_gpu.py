@@ -258,6 +258,26 @@ def test_a_product_of_mixed_types_is_refused_by_name(on_mosaic):
         bppsa.scan(body, jnp.zeros(20), jnp.ones((4, 20)), forward="fused")
 
 
+def test_a_gpu_older_than_sm_90_is_refused_by_name(monkeypatch):
+    class A100:
+        device_kind, compute_capability = "NVIDIA A100-SXM4-80GB", "8.0"
+
+    class H100:
+        device_kind, compute_capability = "NVIDIA H100 80GB HBM3", "9.0"
+
+    for devices, reason in (([H100()], None), ([H100(), A100()], "sm_80")):
+        monkeypatch.setattr(mosaic_gpu.jax, "devices", lambda platform, found=devices: found)
+        mosaic_gpu.older_devices.cache_clear()
+        try:
+            got = mosaic_gpu.MosaicGPU().missing()
+        finally:
+            mosaic_gpu.older_devices.cache_clear()
+        if reason is None:
+            assert got is None
+        else:
+            assert "need sm_90 or newer (NVIDIA A100-SXM4-80GB is sm_80)" in got
+
+
 def test_a_primitive_outside_the_table_is_refused_by_name(on_mosaic):
     w = jax.random.normal(jax.random.key(0), (20, 20))
 

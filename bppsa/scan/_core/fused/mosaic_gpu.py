@@ -54,6 +54,7 @@ the loops run ``lax.scan`` there.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Sequence
@@ -315,6 +316,22 @@ class Analysis:
         )
 
 
+@functools.cache
+def older_devices() -> str | None:
+    """Why this machine's NVIDIA GPUs cannot run the kernels (``wgmma``: sm_90 and newer), or
+    ``None`` (none older here; no GPU at all: the kernels are lowered or interpreted)."""
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    for device in devices:
+        capability = getattr(device, "compute_capability", None)
+        if capability is not None and float(capability) < 9.0:
+            sm = str(capability).replace(".", "")
+            return f"Mosaic GPU's kernels need sm_90 or newer ({device.device_kind} is sm_{sm})"
+    return None
+
+
 def interpreter() -> Any | None:
     """Mosaic GPU's own interpreter's parameters (race detection on), or ``None`` where this
     JAX has none that runs these kernels."""
@@ -376,7 +393,7 @@ class MosaicGPU(Backend):
     own_kernel: ClassVar[bool] = True
 
     def missing(self):
-        return _MISSING
+        return _MISSING or older_devices()
 
     def interpretable(self):
         return interpreter() is not None
