@@ -340,7 +340,8 @@ def interpreter() -> Any | None:
 
 def _load(ref):
     """``ref`` (shared or global memory) read into registers in the products' layout."""
-    if "idx" in inspect.signature(plgpu.load).parameters:  # JAX 0.10
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:  # JAX 0.10 (0.11: optional)
         return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
     return plgpu.load(ref, layout=plgpu.Layout.WGMMA, optimized=False)
 
@@ -356,8 +357,6 @@ def _store(ref, x) -> None:
 
 def _transposed(ref):
     """``ref`` read transposed (its last two axes swapped)."""
-    if hasattr(plgpu, "transpose_ref"):  # JAX 0.10
-        return plgpu.transpose_ref(ref, (1, 0))
     return ref.transpose((1, 0))
 
 
