@@ -150,7 +150,8 @@ def test_the_loops_lower_to_one_mosaic_gpu_kernel_each(on_mosaic, name, hidden, 
 @pytest.mark.parametrize(
     "name, hidden, blocks",
     [("rnn", 20, 1), ("rnn", 128, 1), ("gru", 64, 1), ("gru", 128, 4), ("lstm", 128, 4),
-     ("rnn", 256, 4), ("rnn", 512, 16), ("gru", 256, 16), ("lstm", 256, 16)],
+     ("rnn", 256, 4), ("rnn", 512, 16), ("gru", 256, 16), ("lstm", 256, 16),
+     ("cifg", 512, 2)],  # no product: its registers (a (64, 512) array) want 2 blocks
 )  # fmt: skip
 def test_a_loop_takes_the_fewest_blocks_of_a_cluster_that_hold_it(name, hidden, blocks):
     """Dense cells past one block's shared memory split their lanes over a cluster: the fewest
@@ -166,7 +167,10 @@ def test_a_loop_takes_the_fewest_blocks_of_a_cluster_that_hold_it(name, hidden, 
     if blocks > 1:  # one block fewer would not hold it
         fewer = mosaic_gpu.CLUSTERS[mosaic_gpu.CLUSTERS.index(blocks) - 1]
         analysis._size(plan.loop.split, fewer)
-        assert analysis.shared_bytes > mosaic_gpu.SHARED_BYTES
+        assert (
+            analysis.shared_bytes > mosaic_gpu.SHARED_BYTES
+            or analysis.tile > mosaic_gpu.PROGRAMS[0].max_tile
+        )
 
 
 @pytest.mark.parametrize(
@@ -354,6 +358,7 @@ needs_interpreter = pytest.mark.skipif(
         ("lstm", 128, 64, True),
         ("rnn", 512, 16, False),
         ("rnn", 512, 64, True),
+        ("cifg", 512, 16, False),  # 2 blocks, no exchange
     ],
 )
 def test_the_interpreted_kernels_equal_lax_scan_and_bp(
@@ -397,8 +402,9 @@ def test_bfloat16_loops_lower_to_mosaic_gpu_kernels(on_mosaic, name, hidden, bat
 @needs_interpreter
 @pytest.mark.parametrize(
     "name, hidden, batch",
-    [("rnn", 20, 16), ("gru", 20, 16), ("lstm", 64, 16), ("cifg", 20, 64), ("lstm", 512, 16)],
-)
+    [("rnn", 20, 16), ("gru", 20, 16), ("lstm", 64, 16), ("cifg", 20, 64), ("lstm", 512, 16),
+     ("gru", 512, 64)],
+)  # fmt: skip
 def test_bfloat16_interpreted_kernels_are_as_close_to_float64_as_bp(on_mosaic, name, hidden, batch):
     """In bfloat16 each operation rounds (as the loop's jaxpr says) where XLA may keep excess
     precision, so values are not bit-equal to lax.scan's: the value and gradients are as close

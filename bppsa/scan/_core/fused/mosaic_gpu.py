@@ -208,7 +208,8 @@ class Analysis:
             twice, hi and lo).
         half: the matrices of bfloat16 products (kept as bfloat16, once).
         cluster: the blocks of a cluster the loop's lanes are split over, the fewest of
-            :data:`CLUSTERS` whose blocks hold it (the largest where none does): block ``j``
+            :data:`CLUSTERS` whose blocks hold it (shared memory, the widest product, the
+            largest array: :data:`PROGRAMS`; the largest where none does): block ``j``
             computes lane chunk ``j`` of every vector, with the columns of each matrix that
             give it; each product's vector is gathered whole from all blocks first.
         exchanged: the vectors a cluster kernel gathers for its products (none for one block).
@@ -248,7 +249,11 @@ class Analysis:
         self.full = any(full and not _halved(m) for _, m, _, full in self.products.values())
         for cluster in CLUSTERS:
             self._size(loop, cluster)
-            if self.shared_bytes <= SHARED_BYTES and self.columns <= MAX_COLUMNS:
+            if (
+                self.shared_bytes <= SHARED_BYTES
+                and self.columns <= MAX_COLUMNS
+                and self.tile <= PROGRAMS[0].max_tile
+            ):
                 break
         self.exchanged = exchanged if self.cluster > 1 else []
         self.groups = self._grouped()
