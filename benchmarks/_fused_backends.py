@@ -13,7 +13,8 @@ in one process, each program its own:
   through ``lax.scan``) and, for the LSTM, ``cudnn`` (``jax.experimental.rnn.lstm``, its
   forward and backward on the same weights; where it cannot run, ``cudnn_status`` says why).
 
-Each bppsa program records what its scan decided (``<name>_forward``,
+Where a backend's kernels fail to compile or run, ``<backend>_error`` says how and the row goes
+on without its programs. Each bppsa program records what its scan decided (``<name>_forward``,
 ``<name>_forward_because``: why a backend refused the case, which then runs ``lax.scan``), and
 each gradient its relative difference from BP's. The LSTM's programs take cuDNN's flat weights
 (:func:`benchmarks._fused_rows.lstm_params` maps them), so every gradient is of the same
@@ -83,14 +84,23 @@ def backends_row(case: Case, rounds: int) -> dict[str, Any]:
         "bp": Program.of(jax.value_and_grad(of(jax.lax.scan)), *args),
     }
     for backend in BACKENDS:
-        fused = bppsa.Fused(backend=backend)
-        programs[f"{backend}_forward"] = Program.of(
-            forward(functools.partial(bppsa.scan, forward=fused)), *args
-        )
-        fused_grad = bppsa.value_and_grad(
-            of(bppsa.scan), method=bppsa.FusedSequential(backend=backend), forward=fused
-        )
-        programs[f"{backend}_grad"] = Program.of(fused_grad, *args)
+        try:  # a backend's kernels that fail to compile or run cost its programs, not the row
+            fused = bppsa.Fused(backend=backend)
+            fused_grad = bppsa.value_and_grad(
+                of(bppsa.scan), method=bppsa.FusedSequential(backend=backend), forward=fused
+            )
+            ours = {
+                f"{backend}_forward": Program.of(
+                    forward(functools.partial(bppsa.scan, forward=fused)), *args
+                ),
+                f"{backend}_grad": Program.of(fused_grad, *args),
+            }
+            for program in ours.values():
+                jax.block_until_ready(program.compiled(*args))
+        except Exception as error:
+            row[f"{backend}_error"] = f"{type(error).__name__}: {str(error)[:300]}"
+            continue
+        programs |= ours
     if cudnn is not None:
         try:
             programs["cudnn"] = Program.of(jax.value_and_grad(cudnn), *args)
@@ -109,7 +119,7 @@ def backends_row(case: Case, rounds: int) -> dict[str, Any]:
     row |= timed_fields(programs, args, rounds)
     # under 1: Mosaic GPU's whole gradient is faster than Triton's (cuDNN's)
     for field, other in (("triton", "triton_grad"), ("cudnn", "cudnn")):
-        if other in programs and row[f"{other}_ms"]:
+        if "mosaic_gpu_grad" in programs and other in programs and row[f"{other}_ms"]:
             row[f"mosaic_gpu_over_{field}"] = row["mosaic_gpu_grad_ms"] / row[f"{other}_ms"]
     return row
 
@@ -127,6 +137,9 @@ def describe(row: dict[str, Any]) -> str:
 
     cells = [f"lax.scan fwd {ms('lax_scan_forward')} ms, BP {ms('bp')} ms"]
     for backend in BACKENDS:
+        if row.get(f"{backend}_error") is not None:
+            cells.append(f"{backend} failed ({row[f'{backend}_error'][:60]})")
+            continue
         runs = row.get(f"{backend}_grad_forward")
         cells.append(
             f"{backend} fwd {ms(f'{backend}_forward')} ms, grad {ms(f'{backend}_grad')} ms ({runs})"

@@ -140,6 +140,26 @@ def test_a_backends_row_says_why_a_backend_refuses_a_case():
     assert row["mosaic_gpu_grad_difference"] < 1e-5
 
 
+def test_a_backend_that_fails_costs_its_programs_not_the_row(monkeypatch):
+    """A first device run of kernels no device has compiled: where Mosaic GPU's fail, the row
+    records how and still times the others."""
+    real = _fused_backends.bppsa.FusedSequential
+
+    def failing(*args, backend="auto", **kwargs):
+        if backend == "mosaic_gpu":
+            raise RuntimeError("ptxas: planted failure")
+        return real(*args, backend=backend, **kwargs)
+
+    monkeypatch.setattr(_fused_backends.bppsa, "FusedSequential", failing)
+    row = _fused_backends.backends_row(Case("rnn", 8, 3, 2, 2), rounds=1)
+    assert row["mosaic_gpu_error"] == "RuntimeError: ptxas: planted failure"
+    assert "mosaic_gpu_grad_ms" not in row and "mosaic_gpu_over_triton" not in row
+    assert row["triton_grad_ms"] > 0 and row["bp_ms"] > 0
+    assert "mosaic_gpu failed (RuntimeError: ptxas: planted failure)" in (
+        _fused_backends.describe(row)
+    )
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="cuDNN runs off the CPU")
 def test_a_cudnn_row_without_cudnn_says_so_and_still_times_bppsa():
     row = cudnn_row(Case("lstm", 8, 5, 2, 3), rounds=1)
