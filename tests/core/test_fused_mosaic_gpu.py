@@ -26,7 +26,7 @@ from bppsa.models import (
     lstm_cell,
     rnn_cell,
 )
-from bppsa.scan._core.fused import mosaic_gpu
+from bppsa.scan._core.fused import mosaic_gpu, mosaic_kernel, mosaic_layout
 from bppsa.scan._core.fused.split import split_step
 from bppsa.scan._core.problem import prepare
 
@@ -42,7 +42,7 @@ CELLS = {
     "lstm": (LSTM, lstm_cell, 2),
     "cifg": (CIFGLSTM, cifg_lstm_cell, 2),
 }
-INTERPRETER = mosaic_gpu.interpreter() is not None
+INTERPRETER = mosaic_kernel.interpreter() is not None
 
 
 @pytest.fixture
@@ -160,16 +160,16 @@ def test_a_loop_takes_the_fewest_blocks_of_a_cluster_that_hold_it(name, hidden, 
     problem = _problem(body, init(), jnp.ones((4, 3)))
     plan = bppsa.Fused().prepare(problem, _mosaic_profile())
     assert not isinstance(plan, str), plan
-    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    analysis = mosaic_layout.Analysis(plan.loop.split)
     assert analysis.cluster == blocks
-    assert analysis.shared_bytes <= mosaic_gpu.SHARED_BYTES
-    assert analysis.columns <= mosaic_gpu.MAX_COLUMNS
+    assert analysis.shared_bytes <= mosaic_layout.SHARED_BYTES
+    assert analysis.columns <= mosaic_layout.MAX_COLUMNS
     if blocks > 1:  # one block fewer would not hold it
-        fewer = mosaic_gpu.CLUSTERS[mosaic_gpu.CLUSTERS.index(blocks) - 1]
+        fewer = mosaic_layout.CLUSTERS[mosaic_layout.CLUSTERS.index(blocks) - 1]
         analysis._size(plan.loop.split, fewer)
         assert (
-            analysis.shared_bytes > mosaic_gpu.SHARED_BYTES
-            or analysis.tile > mosaic_gpu.PROGRAMS[0].max_tile
+            analysis.shared_bytes > mosaic_layout.SHARED_BYTES
+            or analysis.tile > mosaic_layout.PROGRAMS[0].max_tile
         )
 
 
@@ -184,10 +184,10 @@ def test_bfloat16_loops_keep_their_matrices_once_in_bfloat16(name, hidden, block
     problem = _problem(body, init(), jnp.ones((4, 3), jnp.bfloat16))
     plan = bppsa.Fused().prepare(problem, _mosaic_profile())
     assert not isinstance(plan, str), plan
-    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    analysis = mosaic_layout.Analysis(plan.loop.split)
     assert analysis.cluster == blocks and analysis.half == set(analysis.matrices)
     assert not analysis.full and analysis.widest == 0 and analysis.widest_half > 0
-    assert analysis.shared_bytes <= mosaic_gpu.SHARED_BYTES
+    assert analysis.shared_bytes <= mosaic_layout.SHARED_BYTES
 
 
 @pytest.mark.parametrize(
@@ -199,7 +199,7 @@ def test_products_of_one_operand_are_issued_together(name, hidden, sizes):
     accumulators fit the registers (at H = 128 on 4 blocks: 32 columns each, all four)."""
     body, init = _cell(name, hidden)
     plan = bppsa.Fused().prepare(_problem(body, init(), jnp.ones((4, 3))), _mosaic_profile())
-    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    analysis = mosaic_layout.Analysis(plan.loop.split)
     groups = list(dict.fromkeys(analysis.groups.values()))
     assert [len(g) for g in groups] == sizes
     assert len({analysis.products[e][0] for g in groups for e in g}) == 1
@@ -217,19 +217,19 @@ def test_products_past_the_accumulator_registers_are_issued_apart():
     init = (jnp.zeros(32), jnp.zeros(256))
     plan = bppsa.Fused().prepare(_problem(body, init, jnp.ones((4, 32))), _mosaic_profile())
     assert not isinstance(plan, str), plan
-    analysis = mosaic_gpu.Analysis(plan.loop.split)
+    analysis = mosaic_layout.Analysis(plan.loop.split)
     assert analysis.cluster == 1
     assert sorted(len(g) for g in set(analysis.groups.values())) == [1, 1, 1]
 
 
 def test_each_block_computes_whole_swizzled_rows_of_every_vector():
-    for cluster in mosaic_gpu.CLUSTERS:
+    for cluster in mosaic_layout.CLUSTERS:
         for n in (1, 8, 20, 24, 64, 100, 128, 256, 300, 512, 1024):
-            chunk = mosaic_gpu.chunk(n, cluster)
-            assert chunk * cluster >= n and (chunk * cluster) % mosaic_gpu.LANES == 0
-            assert chunk in (8, 16) or chunk % mosaic_gpu.LANES == 0
-    assert mosaic_gpu.chunk(256, 16) == 16 and mosaic_gpu.chunk(20, 1) == 32
-    assert mosaic_gpu.chunk(512, 16) == 32 and mosaic_gpu.chunk(128, 4) == 32
+            chunk = mosaic_layout.chunk(n, cluster)
+            assert chunk * cluster >= n and (chunk * cluster) % mosaic_layout.LANES == 0
+            assert chunk in (8, 16) or chunk % mosaic_layout.LANES == 0
+    assert mosaic_layout.chunk(256, 16) == 16 and mosaic_layout.chunk(20, 1) == 32
+    assert mosaic_layout.chunk(512, 16) == 32 and mosaic_layout.chunk(128, 4) == 32
 
 
 @pytest.mark.parametrize(
@@ -301,14 +301,14 @@ def test_the_3xtf32_split_recovers_float32_products():
     x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((128, 96)), jnp.float32)
     exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
-    hi_x, lo_x = mosaic_gpu.split_tf32(x)
-    hi_w, lo_w = mosaic_gpu.split_tf32(w)
+    hi_x, lo_x = mosaic_layout.split_tf32(x)
+    hi_w, lo_w = mosaic_layout.split_tf32(w)
     bits = np.asarray(lax.bitcast_convert_type(hi_x, jnp.int32))
     assert np.all(bits & 0x1FFF == 0)  # 10 bits of mantissa left
     np.testing.assert_array_equal(np.asarray(hi_x + lo_x), np.asarray(x))  # exact split
 
     def tensor_core(a, b):  # TF32 operands, float32 accumulation
-        t = mosaic_gpu.tf32
+        t = mosaic_layout.tf32
         return jnp.dot(t(a), t(b), precision="highest")
 
     three = tensor_core(hi_x, hi_w) + tensor_core(hi_x, lo_w) + tensor_core(lo_x, hi_w)
@@ -332,7 +332,7 @@ def test_shared_memory_counts_the_matrices_twice_at_full_precision():
     leaf = jax.ShapeDtypeStruct((64,), jnp.float32)
     split = split_step(step, [leaf], [leaf], [jax.ShapeDtypeStruct(w.shape, w.dtype)])
     # W (hi, lo) 2 x 64 x 64, the carry's buffer 64 x 64, the staged operand (hi, lo)
-    assert mosaic_gpu.Analysis(split).shared_bytes == 4 * (2 * 64 * 64 + 64 * 64 + 2 * 64 * 64)
+    assert mosaic_layout.Analysis(split).shared_bytes == 4 * (2 * 64 * 64 + 64 * 64 + 2 * 64 * 64)
 
 
 needs_interpreter = pytest.mark.skipif(
@@ -369,13 +369,13 @@ def test_the_interpreted_kernels_equal_lax_scan_and_bp(
     xs = jax.random.normal(jax.random.key(2), (*shape, 7, 3))
     state = init(*shape)
     calls = []
-    real = mosaic_gpu._RowsKernel.__call__
+    real = mosaic_kernel.RowsKernel.__call__
 
     def counted(self, *args):
         calls.append(self.reverse)
         return real(self, *args)
 
-    monkeypatch.setattr(mosaic_gpu._RowsKernel, "__call__", counted)
+    monkeypatch.setattr(mosaic_kernel.RowsKernel, "__call__", counted)
     ours = jax.value_and_grad(_batched(_loss(_fused, body, reverse), batch), (0, 1))
     theirs = jax.value_and_grad(_batched(_loss(lax.scan, body, reverse), batch), (0, 1))
     got, want = ours(state, xs), theirs(state, xs)
@@ -473,10 +473,10 @@ def test_a_user_cell_with_a_transposed_product_runs_in_the_interpreter(on_mosaic
 def test_a_planted_missing_synchronisation_is_a_detected_race(on_mosaic, monkeypatch, dropped):
     """Without the wait for the TMA copy out, the fence before the tensor cores read shared
     memory, or the wait for the constants' copy in, Mosaic GPU's race detector fails the run."""
-    real = mosaic_gpu.plgpu
+    real = mosaic_kernel.plgpu
     planted = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if k[:2] != "__"})
     setattr(planted, dropped, lambda *args, **kwargs: None)
-    monkeypatch.setattr(mosaic_gpu, "plgpu", planted)
+    monkeypatch.setattr(mosaic_kernel, "plgpu", planted)
     body, init = _cell("rnn", 20)
     xs = jax.random.normal(jax.random.key(2), (16, 5, 3))
     try:
@@ -502,15 +502,15 @@ def test_a_planted_cluster_fault_fails(on_mosaic, monkeypatch, planted):
     want = jax.vmap(lambda i, x: lax.scan(body, i, x)[0])(state, xs)
     np.testing.assert_allclose(run(), want, rtol=2e-5, atol=2e-6)  # unplanted: right
     if planted == "wrong columns":
-        real = mosaic_gpu._matrix_columns
+        real = mosaic_kernel._matrix_columns
         monkeypatch.setattr(
-            mosaic_gpu,
+            mosaic_kernel,
             "_matrix_columns",
             lambda block, width, cluster: real((block + 1) % cluster, width, cluster),
         )
         assert not np.allclose(run(), want, rtol=1e-3, atol=1e-3)
         return
-    monkeypatch.setattr(mosaic_gpu, "_all_wrote", mosaic_gpu.plgpu.barrier_arrive)
+    monkeypatch.setattr(mosaic_kernel, "_all_wrote", mosaic_kernel.plgpu.barrier_arrive)
     try:
         with pytest.raises(Exception, match="RACE DETECTED"):
             run()
@@ -567,7 +567,7 @@ def test_each_elementwise_primitive_lowers_or_is_refused_by_name(on_mosaic, prim
         return bppsa.scan(body, jnp.zeros(24), xs, forward="fused")[0]
 
     xs = jnp.ones((5, 24))
-    if mosaic_gpu.has_rule(primitive):
+    if mosaic_kernel.has_rule(primitive):
         text = _lowered(forward, xs)
         assert "mosaic_gpu" in text and "stablehlo.while" not in text
     else:
