@@ -292,12 +292,14 @@ class _Body:
                 _load(g.at[:, mine(g.shape[-1])]) for g in vec_g
             ]
 
-        def operand(vec, env):
-            """``vec``'s value with its padded lanes zero (a product reads them)."""
-            n = vec.aval.shape[-1]
+        def zeroed(x, n):
+            """``x`` (this block's chunk of a vector of ``n`` entries) with its padded lanes
+            zero: a carry's, and a product's operand (a cell's value there may be infinite)."""
             width = lanes(n, cluster)
-            x = env[vec]
             return x if n == width else jnp.where(lane(n, width), x, 0.0)
+
+        def operand(vec, env):
+            return zeroed(env[vec], vec.aval.shape[-1])
 
         def gather(vec, env, slot, gathered):
             """``vec`` whole for this block's rows, in global memory: each block writes its
@@ -388,12 +390,9 @@ class _Body:
             news = []
             for v, n in zip(split.carry_out, self.carry_lanes):
                 if isinstance(v, Literal):
-                    new = jnp.full((ROWS, n // cluster), v.val, jnp.float32)
-                elif v.aval.shape[-1] != n:  # padded lanes stay zero
-                    new = jnp.where(lane(v.aval.shape[-1], n), env[v], 0.0)
+                    news.append(jnp.full((ROWS, n // cluster), v.val, jnp.float32))
                 else:
-                    new = env[v]
-                news.append(new)
+                    news.append(zeroed(env[v], v.aval.shape[-1]))
             # the carries copied out a step ago have left the buffers (read: not written yet)
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             for s, new in zip(carry_s, news):
