@@ -77,13 +77,9 @@ from bppsa.scan._core.fused.mosaic_kernel import (
     interpreter,
 )
 from bppsa.scan._core.fused.mosaic_layout import (
-    MAX_COLUMNS,
     PROGRAMS,
-    ROWS,
-    SHARED_BYTES,
     TYPES,
     Analysis,
-    lanes,
     product_of,
 )
 
@@ -124,8 +120,10 @@ class MosaicGPU(Backend):
     def programs(self, kernels):
         return PROGRAMS
 
+    # padded_shape, largest_tile, run_equations and masked serve the shared kernel (and its
+    # default footprint); this backend brings its own kernel and footprint (Analysis)
     def padded_shape(self, shape):
-        return (*shape[:-1], lanes(shape[-1])) if shape else ()
+        raise NotImplementedError("the Mosaic GPU kernel pads its own arrays (Analysis)")
 
     def unsupported(self, eqn) -> str | None:
         name = eqn.primitive.name
@@ -172,22 +170,10 @@ class MosaicGPU(Backend):
                 types = {np.dtype(v.aval.dtype).name for v in [*eqn.invars, *eqn.outvars]}
                 if len(types) > 1:
                     return f"a product of mixed types ({', '.join(sorted(types))})"
-        analysis = Analysis(loop)
-        blocks = f"split over {analysis.cluster} blocks" if analysis.cluster > 1 else "in one block"
-        if analysis.columns > MAX_COLUMNS:
-            return (
-                f"a product of {analysis.columns} columns a block {blocks} (the widest wgmma "
-                f"is {MAX_COLUMNS})"
-            )
-        if analysis.shared_bytes > SHARED_BYTES:
-            return (
-                f"the loop keeps {analysis.shared_bytes} bytes of shared memory a block, {blocks} "
-                f"(a block has {SHARED_BYTES})"
-            )
-        return None
+        return Analysis(loop).overflow()
 
     def largest_tile(self, eqn) -> int:
-        return max((ROWS * lanes(v.aval.shape[-1]) for v in eqn.outvars if v.aval.shape), default=0)
+        raise NotImplementedError("the Mosaic GPU kernel sizes its own arrays (Analysis.tile)")
 
     def footprint(self, loop) -> Footprint:
         # a block's: its largest array, and its shared memory in float32 entries (PROGRAMS')

@@ -103,6 +103,8 @@ class Analysis:
     Attributes:
         products: ``eqn -> (vector, matrix, transposed, full)`` of every product.
         matrices: the constant matrices, each ``(variable, transposed)`` once.
+        shapes: ``(K, N)`` of each matrix (``matrices``' keys): its rows the operand's
+            lanes, its columns the product's.
         vectors: the other constants (vectors).
         full: whether any float32 product runs at full precision (float32 matrices kept
             twice, hi and lo).
@@ -143,17 +145,14 @@ class Analysis:
                 if vector not in exchanged:
                     exchanged.append(vector)
         self.matrices = matrices
+        self.shapes = {(m, t): m.aval.shape[::-1] if t else m.aval.shape for m, t in matrices}
         self.half = {(m, t) for m, t in matrices if halved(m)}
         used = {m for m, _ in matrices}
         self.vectors = [v for v in loop.constant_residuals if v not in used]
         self.full = any(full and not halved(m) for _, m, _, full in self.products.values())
         for cluster in CLUSTERS:
             self._size(loop, cluster)
-            if (
-                self.shared_bytes <= SHARED_BYTES
-                and self.columns <= MAX_COLUMNS
-                and self.tile <= PROGRAMS[0].max_tile
-            ):
+            if self.overflow() is None and self.tile <= PROGRAMS[0].max_tile:
                 break
         self.exchanged = exchanged if self.cluster > 1 else []
         self.groups = self._grouped()
@@ -174,7 +173,7 @@ class Analysis:
         groups: dict = {}
         open_group: dict = {}
         for eqn, (vector, matrix, transposed, _) in self.products.items():
-            n = matrix.aval.shape[0 if transposed else 1]
+            _, n = self.shapes[(matrix, transposed)]
             registers = ROWS * self.chunk(n) // 128
             group, used = open_group.get(vector, ([], 0))
             if group and used + registers > ACCUMULATOR_REGISTERS:
@@ -183,6 +182,22 @@ class Analysis:
             open_group[vector] = (group, used + registers)
             groups[eqn] = group
         return {eqn: tuple(group) for eqn, group in groups.items()}
+
+    def overflow(self) -> str | None:
+        """Why the loop's blocks cannot hold it (a product wider than a ``wgmma``, more
+        shared memory than a block has), or ``None``."""
+        blocks = f"split over {self.cluster} blocks" if self.cluster > 1 else "in one block"
+        if self.columns > MAX_COLUMNS:
+            return (
+                f"a product of {self.columns} columns a block {blocks} (the widest wgmma "
+                f"is {MAX_COLUMNS})"
+            )
+        if self.shared_bytes > SHARED_BYTES:
+            return (
+                f"the loop keeps {self.shared_bytes} bytes of shared memory a block, {blocks} "
+                f"(a block has {SHARED_BYTES})"
+            )
+        return None
 
     def copies(self, key) -> int:
         """The copies of matrix ``key`` kept: a float32 one's hi and lo at full precision."""
@@ -194,14 +209,10 @@ class Analysis:
         operands = [(v.aval.shape[-1], halved(m)) for v, m, *_ in self.products.values()]
         self.widest = max((self.stage(k) for k, half in operands if not half), default=0)
         self.widest_half = max((self.stage(k) for k, half in operands if half), default=0)
-        shapes = {
-            key: key[0].aval.shape[::-1] if key[1] else key[0].aval.shape  # (K, N)
-            for key in self.matrices
-        }
-        self.columns = max((self.chunk(n) for _, n in shapes.values()), default=0)
+        self.columns = max((self.chunk(n) for _, n in self.shapes.values()), default=0)
         self.shared_bytes = sum(
             self.copies(key) * (2 if key in self.half else 4) * lanes(k, cluster) * self.chunk(n)
-            for key, (k, n) in shapes.items()
+            for key, (k, n) in self.shapes.items()
         )
         self.shared_bytes += ROWS * (
             4 * sum(self.chunk(v.aval.shape[-1]) for v in loop.carry_in)
