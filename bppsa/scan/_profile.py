@@ -327,9 +327,8 @@ class Kernels:
         if self.fused_lanes is not None:
             _check_number("Kernels", "fused_lanes", self.fused_lanes, integer=True)
         names = self.fused_backend
-        if isinstance(names, tuple) and names and all(isinstance(n, str) for n in names):
-            pass
-        elif names is not None and not isinstance(names, str):
+        listed = isinstance(names, tuple) and names and all(isinstance(n, str) for n in names)
+        if not (names is None or isinstance(names, str) or listed):
             raise ValueError(
                 "Kernels: fused_backend must be a backend's name (e.g. 'triton'), a non-empty "
                 f"tuple of names in order of preference, or None, got {names!r}."
