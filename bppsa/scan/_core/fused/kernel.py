@@ -30,6 +30,7 @@ from jax.extend.core import Literal
 
 from bppsa.scan._core.fused.backend import Backend, Launch
 from bppsa.scan._core.fused.lanes import Tiled
+from bppsa.scan._core.fused.matvec import Arranged
 from bppsa.scan._core.fused.split import Split
 
 
@@ -90,6 +91,8 @@ def carries_after(
     permuted = backend.permuted_constants(
         source.recurrence, source.constant_residuals, num_warps=warps
     )
+    if tiled is not None:  # an arranged matrix has no lane axis to tile along
+        permuted = [(v, order) for v, order in permuted if not isinstance(order, Arranged)]
     position = {v: i for i, v in enumerate(source.constant_residuals)}
     axes = list(tiled.axes) if tiled is not None else [None] * (len(init) + len(constants))
     if tiled is None:
@@ -103,12 +106,12 @@ def carries_after(
     values = [
         *init,
         *constants,
-        *(jnp.transpose(constants[position[v]], order) for v, order in permuted),
+        *(_prepared(constants[position[v]], order) for v, order in permuted),
         *steps,
     ]
     avals = [
         *(tuple(v.aval.shape) for v in [*carry_in, *source.constant_residuals]),
-        *(tuple(v.aval.shape[d] for d in order) for v, order in permuted),
+        *(_prepared_shape(v.aval.shape, order) for v, order in permuted),
         *(tuple(v.aval.shape) for v in source.step_residuals),
     ]
     leads = [0] * (ni + nk + nq) + [1] * len(steps)
@@ -147,7 +150,10 @@ def carries_after(
         permuted_refs = refs[ni + nk : ni + nk + nq]
         step_refs, out_refs = refs[ni + nk + nq : len(inputs)], refs[len(inputs) :]
         const_values = [r[...] for r in const_refs]
-        permuted_values = {pair: r[...] for pair, r in zip(permuted, permuted_refs)}
+        permuted_values = {
+            (v, order): order.read(r) if isinstance(order, Arranged) else r[...]
+            for (v, order), r in zip(permuted, permuted_refs)
+        }
 
         def load(k):
             return [r[time(k) + ahead if reverse and ahead else time(k)] for r in step_refs]
@@ -209,6 +215,19 @@ def carries_after(
         **grid,
     )(*inputs)
     return [unpad(a, jnp.shape(c)) for a, c in zip(after, init)]
+
+
+def _prepared(constant, order):
+    """``constant`` as the kernel reads it: permuted to ``order``, or arranged."""
+    if isinstance(order, Arranged):
+        return order.arrange(constant)
+    return jnp.transpose(constant, order)
+
+
+def _prepared_shape(shape: Sequence[int], order) -> tuple[int, ...]:
+    if isinstance(order, Arranged):
+        return order.shape
+    return tuple(shape[d] for d in order)
 
 
 def _whole(block: Sequence[int], axis: int | None, count: int) -> tuple[int, ...]:

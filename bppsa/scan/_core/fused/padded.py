@@ -12,7 +12,9 @@ rule keeps them out of what mixes lanes:
 * moves (``slice``, ``split``, ``concatenate``, ``pad``, ``rev``) select each output lane from
   its input lane with an iota comparison and a reduction (the lowering has no rule for them);
 * ``dot_general`` is a broadcast product and a sum over the masked contracting axes: the carry
-  of one example is a vector, below the 16-per-side minimum of the GPU's matrix units.
+  of one example is a vector, below the 16-per-side minimum of the GPU's matrix units. A vector
+  times a constant matrix reads the matrix arranged for the program's warps
+  (:mod:`~bppsa.scan._core.fused.matvec`), so that each sum stays within its warp.
 
 Low-precision floats (bfloat16, float16) are computed in float32 and rounded after every
 operation, as XLA does on CPUs and GPUs. :func:`unsupported` says why an equation cannot run.
@@ -29,6 +31,7 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Literal
 
+from bppsa.scan._core.fused import matvec
 from bppsa.scan._core.jaxprs import taxonomy
 from bppsa.scan._core.jaxprs.walk import bind
 
@@ -170,6 +173,12 @@ def _dot_general(eqn, args, permuted=None, num_warps: int = 1):
     lshape, rshape = _shape(eqn.invars[0]), _shape(eqn.invars[1])
     out_dtype = eqn.outvars[0].aval.dtype
     acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
+    found = matrix_of(eqn, num_warps)
+    if found is not None and (eqn.invars[found[0]], found[1]) in (permuted or {}):
+        m, layout = found
+        arranged = (permuted or {})[(eqn.invars[m], layout)].astype(acc)
+        vector = masked(jnp.asarray(args[1 - m]).astype(acc), _shape(eqn.invars[1 - m]), [0], 0)
+        return [matvec.product(layout, vector, arranged).astype(out_dtype)]
     first = _contracting_first(eqn, num_warps)
     lorder, rorder = _orders(eqn, first)
     ready = [
@@ -189,6 +198,22 @@ def _dot_general(eqn, args, permuted=None, num_warps: int = 1):
     summed = nb if first else nb + nl + nr
     out = product.sum(axis=tuple(range(summed, summed + nc))) if nc else product
     return [out.astype(out_dtype)]
+
+
+def matrix_of(eqn, num_warps: int) -> tuple[int, matvec.Arranged] | None:
+    """Where ``eqn`` multiplies a vector by a matrix: the matrix's operand index and how it is
+    arranged for a program of ``num_warps`` warps (:mod:`~bppsa.scan._core.fused.matvec`);
+    ``None`` for any other contraction."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    if lb or rb or len(lc) != 1 or any(isinstance(v, Literal) for v in eqn.invars):
+        return None
+    ranks = [len(_shape(v)) for v in eqn.invars]
+    if sorted(ranks) != [1, 2]:
+        return None
+    m = ranks.index(2)
+    contracting = (lc, rc)[m][0]
+    shape = padded_shape(_shape(eqn.invars[m]))
+    return m, matvec.Arranged(contracting, shape[contracting], shape[1 - contracting], num_warps)
 
 
 # The most padded entries a contraction sums with its contracting axes last, in programs of
@@ -401,11 +426,18 @@ def permuted_constants(
 ) -> list[tuple]:
     """The ``(variable, order)`` pairs of the ``constants`` that a contraction of ``eqns``
     reads permuted (:func:`dot_orders`) in a program of ``num_warps`` warps: the kernel
-    permutes them once, before its loop, rather than at every step."""
+    permutes them once, before its loop, rather than at every step. A matrix that multiplies a
+    vector comes arranged instead (``order`` a :class:`~bppsa.scan._core.fused.matvec.Arranged`:
+    :func:`matrix_of`)."""
     wanted = set(constants)
     pairs: list[tuple] = []
     for eqn in eqns:
         if eqn.primitive.name != "dot_general":
+            continue
+        found = matrix_of(eqn, num_warps)
+        if found is not None and eqn.invars[found[0]] in wanted:
+            if (eqn.invars[found[0]], found[1]) not in pairs:
+                pairs.append((eqn.invars[found[0]], found[1]))
             continue
         for v, order in zip(eqn.invars, dot_orders(eqn, num_warps)):
             if isinstance(v, Literal) or v not in wanted or order == tuple(range(len(order))):
