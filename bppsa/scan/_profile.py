@@ -215,9 +215,10 @@ class FusedProgram:
 # step_latency: the lab's static estimates (benchmarks/results/kernel_lab/summary.json), not
 # measured.
 SM90_PROGRAMS = (
-    FusedProgram(num_warps=1, max_tile=4096, max_resident=4288, step_latency=4.90e-7),
-    FusedProgram(num_warps=2, max_tile=4096, max_resident=12544, step_latency=6.86e-7),
-    FusedProgram(num_warps=4, max_tile=16384, max_resident=16768, step_latency=9.38e-7),
+    FusedProgram(num_warps=1, max_tile=4096, max_resident=4288, step_latency=4.15e-7),
+    FusedProgram(num_warps=2, max_tile=4096, max_resident=12544, step_latency=4.22e-7),
+    FusedProgram(num_warps=4, max_tile=16384, max_resident=16768, step_latency=7.84e-7),
+    FusedProgram(num_warps=8, max_tile=16384, max_resident=49664, step_latency=4.93e-7),
 )
 # The same envelope without the estimates: the CPU's (Pallas' interpreter runs the cases the
 # device would, but a step there is nothing like the device's).
