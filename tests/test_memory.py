@@ -136,11 +136,11 @@ def test_error_comes_before_the_backward_scan_is_traced(monkeypatch):
 
 def test_automatic_method_falls_back_to_a_method_that_fits(monkeypatch):
     """On an accelerator Auto chooses Blelloch; under a limit it takes a lower-memory method,
-    and the gradient is still back-propagation's. (1000 steps: fewer are below the break-even of
+    and the gradient is still back-propagation's. (2000 steps: fewer are below the break-even of
     the H200 profile's fused loop, which Auto picks there.)"""
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    params, xs, init, loss = problem("gru", length=1000)
-    spec = jax.ShapeDtypeStruct((1000, 2), jnp.float32)
+    params, xs, init, loss = problem("gru", length=2000)
+    spec = jax.ShapeDtypeStruct((2000, 2), jnp.float32)
     body = body_of("gru", params)
     blelloch = bppsa.estimate_memory(body, init, spec, method="blelloch", batch=B)
     chunked = bppsa.estimate_memory(body, init, spec, method=bppsa.Chunked(), batch=B)
@@ -202,8 +202,8 @@ def test_default_limit_is_the_devices_memory(monkeypatch):
 def test_the_default_limit_does_not_follow_what_is_free_when_traced(monkeypatch):
     """Auto() (the GPU profile's Blelloch()) under the default limit chooses the same method
     whatever is free when the scan is traced: the limit is the device's memory, a constant."""
-    params, xs, init, loss = problem("gru", length=1000)
-    spec = jax.ShapeDtypeStruct((1000, 2), jnp.float32)
+    params, xs, init, loss = problem("gru", length=2000)
+    spec = jax.ShapeDtypeStruct((2000, 2), jnp.float32)
     body = body_of("gru", params)
     blelloch = bppsa.estimate_memory(body, init, spec, method="blelloch", batch=B)
     chunked = bppsa.estimate_memory(body, init, spec, method=bppsa.Chunked(), batch=B)
