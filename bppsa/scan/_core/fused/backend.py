@@ -130,7 +130,8 @@ class Backend(abc.ABC):
     ) -> list[tuple]:
         """The ``(variable, axis order)`` pairs of the ``constants`` that ``eqns`` read
         permuted in a program of ``num_warps`` warps: the kernel passes each one permuted (and
-        padded) once, rather than permuting it at every step (none by default)."""
+        padded) once, rather than permuting it at every step (none by default). The order may
+        be a :class:`~bppsa.scan._core.fused.matvec.Arranged` instead: the matrix arranged."""
         return []
 
     @abc.abstractmethod

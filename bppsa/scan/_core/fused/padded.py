@@ -174,11 +174,12 @@ def _dot_general(eqn, args, permuted=None, num_warps: int = 1):
     out_dtype = eqn.outvars[0].aval.dtype
     acc = jnp.float32 if jnp.issubdtype(out_dtype, jnp.floating) else jnp.int32
     found = matrix_of(eqn, num_warps)
-    if found is not None and (eqn.invars[found[0]], found[1]) in (permuted or {}):
+    key = None if found is None else (eqn.invars[found[0]], found[1])
+    if found is not None and permuted and key in permuted:
         m, layout = found
-        arranged = (permuted or {})[(eqn.invars[m], layout)].astype(acc)
         vector = masked(jnp.asarray(args[1 - m]).astype(acc), _shape(eqn.invars[1 - m]), [0], 0)
-        return [matvec.product(layout, vector, arranged).astype(out_dtype)]
+        product = matvec.product(layout, vector, permuted[key].astype(acc))
+        return [product.astype(out_dtype)]
     first = _contracting_first(eqn, num_warps)
     lorder, rorder = _orders(eqn, first)
     ready = [
