@@ -168,7 +168,7 @@ def time_loop(code: Sequence[Instruction]) -> list[Instruction]:
     return max(found, key=lambda loop: (arithmetic(loop), len(loop)))
 
 
-_COUNTER = re.compile(r"^(U?R\d+), U?P\d, \1, -?0x([0-9a-f]+)")
+_COUNTER = re.compile(r"^(U?R\d+), U?P\d, \1, (-?0x[0-9a-f]+)")
 _IMMEDIATE = re.compile(r"(-?)0x([0-9a-f]+)")
 
 
@@ -189,34 +189,34 @@ def steps_per_iteration(
     runs: LLVM unrolls a small body, the trip count being known. The loop's 64-bit counter
     (``IADD3 R, P, R, k``, counting up or down) runs ``span / |k|`` iterations, its span the
     bound it is compared with or, where it counts up to zero, the value it starts from (set
-    before the loop); 1 where the counter is not found."""
+    before the loop); counting down, from the value it starts from to the bound; 1 where the
+    counter, or the start of one counting down, is not found."""
     counter = None
     for ins in reversed(loop):
         if ins.base in ("IADD3", "UIADD3") and (match := _COUNTER.match(ins.operands)):
-            counter = match.group(1), int(match.group(2), 16)
+            counter = match.group(1), _signed(match.group(2))
             break
-    if counter is None:
+    if counter is None or not counter[1]:
         return 1
     register, increment = counter
-    span = None
+    bound = None
     for ins in loop:
         operands = [o.strip() for o in ins.operands.split(",")]
         if ins.base in ("ISETP", "UISETP") and register in operands:
-            bound = next((_signed(o) for o in operands if o.startswith(("0x", "-0x"))), None)
-            if bound:
-                span = abs(bound)
-    if span is None:
-        start = loop[0].address
-        for ins in code:
-            if ins.address >= start:
-                break
-            if ins.operands.startswith(f"{register},") and ins.base in ("MOV", "UMOV", "IMAD"):
-                value = _signed(ins.operands.split(",")[-1])
-                if value is not None:
-                    span = abs(value)
-    if not span or increment <= 0:
+            bound = next((_signed(o) for o in operands if o.startswith(("0x", "-0x"))), bound)
+    start = None
+    for ins in code:
+        if ins.address >= loop[0].address:
+            break
+        if ins.operands.startswith(f"{register},") and ins.base in ("MOV", "UMOV", "IMAD"):
+            start = _signed(ins.operands.split(",")[-1])
+    if increment < 0:  # counting down: the span needs where it starts
+        span = None if start is None else abs(start - (bound or 0))
+    else:
+        span = abs(bound) if bound else (None if start is None else abs(start))
+    if not span:
         return 1
-    iterations = span / increment
+    iterations = span / abs(increment)
     return max(1, round(length / iterations))
 
 

@@ -114,6 +114,25 @@ def test_an_unrolled_time_loop_counts_its_steps():
     assert sass.steps_per_iteration(sass.time_loop(code), code, 1000) == 1
 
 
+def test_a_counter_counting_down_needs_its_start():
+    """A reversed loop's byte offset counts down, 128 bytes a step, to one step below zero:
+    its bound alone does not give the span (read as one, it made 1000 steps an iteration and
+    a step of 0.0001 us). Where the start (999 steps' bytes) is read, 1000 iterations of one
+    step; where it is not (the compiler may set it with a half-precision trick), 1."""
+    start = dataclasses.replace(op("MOV"), operands="R42, 0x1f380")
+    loop = [
+        op("FFMA", stall=4),
+        dataclasses.replace(op("IADD3", stall=2), operands="R42, P2, R42, -0x80, RZ"),
+        dataclasses.replace(op("ISETP.NE.U32.AND"), operands="P0, PT, R42, -0x80, PT"),
+        op("BRA", stall=5),
+    ]
+    loop = [dataclasses.replace(ins, address=16 * (i + 1)) for i, ins in enumerate(loop)]
+    assert sass.steps_per_iteration(loop, [start, *loop], 1000) == 1
+    assert sass.steps_per_iteration(loop, loop, 1000) == 1
+    unrolled = [loop[0], dataclasses.replace(loop[1], operands="R42, P2, R42, -0x400, RZ")]
+    assert sass.steps_per_iteration([*unrolled, *loop[2:]], [start, *loop], 1000) == 8
+
+
 def test_instructions_refuse_an_empty_listing():
     with pytest.raises(ValueError, match="no SASS"):
         sass.instructions("Fatbin elf code:\n")
