@@ -94,19 +94,25 @@ def test_the_time_loop_is_the_loop_with_the_step_s_arithmetic():
     assert sass.time_loop([*code, *stores, branch]) == loop
 
 
+def counted_loop(count: str, compare: str) -> list[sass.Instruction]:
+    """A time loop of one FFMA whose 64-bit counter steps by ``IADD3 count`` and is compared
+    by ``ISETP.NE.U32.AND compare`` before the branch back."""
+    loop = [
+        op("FFMA", stall=4),
+        dataclasses.replace(op("IADD3", stall=2), operands=count),
+        dataclasses.replace(op("ISETP.NE.U32.AND"), operands=compare),
+        op("BRA", stall=5),
+    ]
+    return [dataclasses.replace(ins, address=16 * (i + 1)) for i, ins in enumerate(loop)]
+
+
 def test_an_unrolled_time_loop_counts_its_steps():
     """LLVM unrolled this loop 14 times (1000 = 71 x 14 + 6): its 64-bit counter starts at
     -994 (before the loop) and steps by 14 up to zero; the estimate of a step divides the
     iteration's cycles by 14. A counter of bytes compared with a bound (the committed RNN
     loop: 32 bytes a step up to 32000) is one step an iteration."""
     start = dataclasses.replace(op("IMAD.MOV.U32"), operands="R5, RZ, RZ, -0x3e2")
-    loop = [
-        op("FFMA", stall=4),
-        dataclasses.replace(op("IADD3", stall=2), operands="R5, P0, R5, 0xe, RZ"),
-        dataclasses.replace(op("ISETP.NE.U32.AND"), operands="P0, PT, R5, RZ, PT"),
-        op("BRA", stall=5),
-    ]
-    loop = [dataclasses.replace(ins, address=16 * (i + 1)) for i, ins in enumerate(loop)]
+    loop = counted_loop("R5, P0, R5, 0xe, RZ", "P0, PT, R5, RZ, PT")
     assert sass.steps_per_iteration(loop, [start, *loop], 1000) == 14
     assert model.step_cycles(loop, 14) == pytest.approx(model.iteration_cycles(loop) / 14)
     assert sass.steps_per_iteration(loop[:1] + loop[3:], [start, *loop], 1000) == 1
@@ -120,17 +126,11 @@ def test_a_counter_counting_down_needs_its_start():
     a step of 0.0001 us). Where the start (999 steps' bytes) is read, 1000 iterations of one
     step; where it is not (the compiler may set it with a half-precision trick), 1."""
     start = dataclasses.replace(op("MOV"), operands="R42, 0x1f380")
-    loop = [
-        op("FFMA", stall=4),
-        dataclasses.replace(op("IADD3", stall=2), operands="R42, P2, R42, -0x80, RZ"),
-        dataclasses.replace(op("ISETP.NE.U32.AND"), operands="P0, PT, R42, -0x80, PT"),
-        op("BRA", stall=5),
-    ]
-    loop = [dataclasses.replace(ins, address=16 * (i + 1)) for i, ins in enumerate(loop)]
+    loop = counted_loop("R42, P2, R42, -0x80, RZ", "P0, PT, R42, -0x80, PT")
     assert sass.steps_per_iteration(loop, [start, *loop], 1000) == 1
     assert sass.steps_per_iteration(loop, loop, 1000) == 1
-    unrolled = [loop[0], dataclasses.replace(loop[1], operands="R42, P2, R42, -0x400, RZ")]
-    assert sass.steps_per_iteration([*unrolled, *loop[2:]], [start, *loop], 1000) == 8
+    unrolled = counted_loop("R42, P2, R42, -0x400, RZ", "P0, PT, R42, -0x80, PT")
+    assert sass.steps_per_iteration(unrolled, [start, *unrolled], 1000) == 8
 
 
 def test_instructions_refuse_an_empty_listing():
